@@ -1,0 +1,3 @@
+"""DeepJIT: a declarative pipeline compiler for GPU inference."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,111 @@
+"""The `deepjit` command line. Exit codes: 0 ok, 1 accuracy gate failed, 2 bad input, 3 internal error."""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from . import __version__
+from . import log as logsetup
+from .errors import DeepJITError
+
+EXISTING = click.Path(exists=True, path_type=Path)
+
+
+def _emit_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="deepjit")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
+def cli(verbose: bool, quiet: bool) -> None:
+    """DeepJIT: cut the small-kernel wall out of an ONNX model and replace it with JIT CUDA kernels."""
+    logsetup.setup(verbose, quiet)
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Check the spec and model, print the plan, build nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--no-publish", is_flag=True, help="Skip the spec's `publish:` step.")
+def build(spec: Path, dry_run: bool, as_json: bool, no_publish: bool) -> None:
+    """Build the pipeline described by SPEC (a YAML file)."""
+    from .build import build_pipeline
+    from .report import print_build
+
+    result = build_pipeline(spec, dry_run=dry_run, publish=not no_publish)
+    _emit_json(result.to_dict()) if as_json else print_build(result)
+    if result.gate_failed:
+        sys.exit(1)
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the spec language (for editors)."""
+    from .spec import json_schema
+
+    _emit_json(json_schema())
+
+
+@cli.group()
+def model() -> None:
+    """Model utilities."""
+
+
+@model.command("synth")
+@click.argument("variant", type=click.Choice(["yolov8n", "yolov8s"]))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Where to write the ONNX file.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--dynamic", is_flag=True, help="Symbolic batch/height/width, anchors computed in the graph.")
+@click.option("--head-layout", type=click.Choice(["separate", "split"]), default="separate", show_default=True,
+              help="split: box+class maps concatenated then Split (older ultralytics); separate: two Concats.")
+@click.option("--batch", type=int, default=None, help="A fixed batch size (default: symbolic 'batch').")
+def model_synth(variant: str, output: Path, seed: int, dynamic: bool, head_layout: str, batch: int | None) -> None:
+    """Write a synthetic YOLOv8 detection ONNX whose graph matches an ultralytics export."""
+    from .synth import write_synthetic
+
+    path = write_synthetic(variant, output, seed=seed, dynamic=dynamic, head_layout=head_layout, batch=batch)
+    click.echo(f"wrote {path}")
+
+
+@cli.command()
+@click.argument("target", type=EXISTING)
+@click.option("--suggest-cuts", is_flag=True, help="Find the small-kernel wall and propose `cuts:`.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON on stdout.")
+def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
+    """Describe an ONNX model or a DeepJIT bundle (a folder or .tar.gz)."""
+    from .report import inspect_target
+
+    info = inspect_target(target, suggest_cuts=suggest_cuts)
+    _emit_json(info.data) if as_json else click.echo(info.text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: user errors print one message (exit 2, or 1 for the gate); bugs show a traceback (3)."""
+    try:
+        cli.main(args=argv, prog_name="deepjit", standalone_mode=False)
+        return 0
+    except DeepJITError as e:
+        click.echo(f"error: {e}", err=True)
+        return e.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 2
+    except click.ClickException as e:
+        e.show()
+        return 2
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0
+    except Exception:
+        traceback.print_exc()
+        click.echo("error: internal error in DeepJIT (a bug): please report the traceback above", err=True)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

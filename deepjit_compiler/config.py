@@ -1,0 +1,24 @@
+"""Environment knobs, declared in one place (Triton's knobs.py, in small)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+
+def cache_dir() -> Path:
+    """Compile cache root: $DEEPJIT_CACHE_DIR, else the user cache dir (the spec may override)."""
+    env = os.environ.get("DEEPJIT_CACHE_DIR")
+    return Path(env) if env else Path(platformdirs.user_cache_dir("deepjit")) / "kernels"
+
+
+def dump_dir() -> Path | None:
+    """$DEEPJIT_DUMP_DIR: where rendered kernels and PTX are also written, for debugging."""
+    env = os.environ.get("DEEPJIT_DUMP_DIR")
+    return Path(env) if env else None
+
+
+def log_level() -> str:
+    """$DEEPJIT_LOG_LEVEL: logging level for the deepjit.* loggers (default INFO)."""
+    return os.environ.get("DEEPJIT_LOG_LEVEL", "INFO").upper()

@@ -1,0 +1,85 @@
+"""Resolve the spec's model (load it, or synthesize it when missing) and check the spec's inputs fit it."""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from .errors import ModelError, SpecError, closest
+from .spec import LoadedSpec
+
+log = logging.getLogger("deepjit.model")
+
+_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+           onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8",
+           onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool"}
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    path: Path
+    model: onnx.ModelProto
+    sha256: str
+    synthesized: bool
+
+
+def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
+    """Load the spec's model; synthesize it first when the file is missing and `synthesize` is set."""
+    src = loaded.spec.model
+    synthesized = False
+    if not src.path.exists():
+        if src.synthesize is None:
+            raise ModelError(f"{loaded.path}: model.path: {src.path} does not exist "
+                             f"(export it from ultralytics, or set `model.synthesize: yolov8s` for a synthetic one)")
+        from .synth import write_synthetic
+
+        log.info("synthesizing %s (seed %d) at %s", src.synthesize, src.seed, src.path)
+        write_synthetic(src.synthesize, src.path, seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
+        synthesized = True
+    data = src.path.read_bytes()
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as e:  # onnx raises DecodeError and friends
+        raise ModelError(f"{src.path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    return ResolvedModel(src.path, model, hashlib.sha256(data).hexdigest(), synthesized)
+
+
+def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in value_info.type.tensor_type.shape.dim]
+
+
+def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:
+    """The spec's `inputs` must name graph inputs of the model, with matching rank, dtype and fixed dims.
+
+    A stage added before an input (letterbox `add: before, at: images`) replaces that input; the spec
+    then describes the pipeline's own input, and the model's input is checked by the surgery.
+    """
+    spec, where = loaded.spec, loaded.path
+    initializers = {i.name for i in model.graph.initializer}
+    graph_inputs = {i.name: i for i in model.graph.input if i.name not in initializers}
+    replaced = {c.at for c in spec.cuts if c.add == "before"}
+    for name, want in spec.inputs.items():
+        if name not in graph_inputs:
+            if replaced:
+                continue
+            raise SpecError(f"{where}: inputs.{name}: the model has no input '{name}'{closest(name, graph_inputs)}; "
+                            f"model inputs: {', '.join(graph_inputs)}")
+        have = graph_inputs[name]
+        dtype = _DTYPES.get(have.type.tensor_type.elem_type, str(have.type.tensor_type.elem_type))
+        if dtype != want.dtype:
+            raise SpecError(f"{where}: inputs.{name}.dtype: the model's '{name}' is {dtype}, the spec says {want.dtype}")
+        dims = _dims(have)
+        if len(dims) != len(want.shape):
+            raise SpecError(f"{where}: inputs.{name}.shape: the model's '{name}' has rank {len(dims)} {dims}, "
+                            f"the spec gives {want.shape}")
+        for i, (m, s) in enumerate(zip(dims, want.max_shape)):
+            if isinstance(m, int) and m > 0 and m != s:
+                raise SpecError(f"{where}: inputs.{name}: dim {i} is fixed to {m} in the model, "
+                                f"the spec's shape/profile allows {s}")
+    missing = [n for n in graph_inputs if n not in spec.inputs and n not in replaced]
+    if missing:
+        raise SpecError(f"{where}: inputs: the model also needs {missing}; describe every model input")

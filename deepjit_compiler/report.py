@@ -1,0 +1,91 @@
+"""Human-readable output of the CLI (rich tables on stdout); `--json` bypasses this module."""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _console(file=None) -> Console:
+    return Console(file=file, highlight=False, soft_wrap=True)
+
+
+def print_build(result) -> None:
+    d = result.to_dict()
+    out = _console()
+    model = d["model"]
+    out.print(f"[bold]{d['name']}[/bold]: target {d['target']['gpu'] or ''} sm_{d['target']['sm']}")
+    out.print(f"model {model['path']} (sha256 {model['sha256'][:12]}…"
+              + (", synthesized" if model["synthesized"] else "") + ")")
+    table = Table(title="pipeline stages, in run order")
+    for col in ("#", "stage", "kind", "what"):
+        table.add_column(col)
+    for i, st in enumerate(d["stages"], 1):
+        what = (f"{st['backend']} engine, {st['precision']}" if st["kind"] == "engine"
+                else f"{', '.join(st['kernels'])} — {st['where']} ({st['boundary']})")
+        table.add_row(str(i), st["stage"], st["kind"], what)
+    out.print(table)
+    for line in d.get("notes", []):
+        out.print(line)
+
+
+@dataclass(frozen=True)
+class Inspection:
+    data: dict[str, Any]
+    text: str
+
+
+def inspect_target(target: Path, *, suggest_cuts: bool = False) -> Inspection:
+    """A bundle (folder with manifest.json, or .tar.gz) or an ONNX model."""
+    if (target / "manifest.json").exists() or target.name.endswith(".tar.gz"):
+        from .bundle import describe, read_bundle
+
+        data = describe(read_bundle(target))
+        return Inspection(data, _render_bundle(data))
+    from .modelinfo import describe_model
+
+    data = describe_model(target).to_dict()
+    if suggest_cuts:
+        import onnx
+
+        from .suggest import suggest_cuts as find
+
+        data["suggested_cuts"] = [s.to_dict() for s in find(onnx.load(str(target)))]
+    return Inspection(data, _render_model(target, data))
+
+
+def _render_model(path: Path, d: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    out = _console(buf)
+    out.print(f"[bold]{path}[/bold]: opset {d['opset']}, IR {d['ir_version']}, "
+              f"{d['node_count']} nodes, {d['parameter_count']:,} parameters")
+    for kind in ("inputs", "outputs"):
+        for t in d[kind]:
+            out.print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']} {t['shape']}")
+    ops = Table(title="op histogram")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, n in d["ops"].items():
+        ops.add_row(op, str(n))
+    out.print(ops)
+    for i, s in enumerate(d.get("suggested_cuts", []), 1):
+        out.print(f"\n[bold]suggestion {i}[/bold]: {s['node_count']} nodes ({s['where']}), ops {s['ops']}")
+        out.print(f"  inputs:  {s['inputs']}\n  outputs: {s['outputs']}")
+        out.print(s["yaml"])
+    return buf.getvalue()
+
+
+def _render_bundle(d: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    out = _console(buf)
+    for key, value in d.items():
+        if isinstance(value, (dict, list)):
+            out.print(f"[bold]{key}[/bold]:")
+            out.print(value)
+        else:
+            out.print(f"[bold]{key}[/bold]: {value}")
+    return buf.getvalue()
