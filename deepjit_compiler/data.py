@@ -1,0 +1,73 @@
+"""Validation data: seeded random feeds with per-input ranges, or a folder of .npy files."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .errors import SpecError
+
+_INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+def concrete_shape(shape, batch: int, fallback: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """Symbolic dims resolved: the first to `batch`, the rest from `fallback` (the profile's opt shape)."""
+    dims = []
+    for i, d in enumerate(shape):
+        if isinstance(d, int) and d > 0:
+            dims.append(d)
+        elif i == 0:
+            dims.append(batch)
+        elif fallback is not None:
+            dims.append(int(fallback[i]))
+        else:
+            raise SpecError(f"dim {i} of shape {list(shape)} is symbolic: give a profile so validation can pick a size")
+    return tuple(dims)
+
+
+def random_feeds(inputs: Mapping[str, tuple[str, tuple[int, ...]]], *, seed: int, samples: int,
+                 ranges: Mapping[str, tuple[float, float]] | None = None) -> list[dict[str, np.ndarray]]:
+    """`samples` feeds of seeded uniform data; float inputs default to [0, 1], integers to their range."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(samples):
+        feed = {}
+        for name, (dtype, shape) in inputs.items():
+            lo, hi = (ranges or {}).get(name, _INT_RANGES.get(dtype, (0.0, 1.0)))
+            if np.issubdtype(np.dtype(dtype), np.integer):
+                feed[name] = rng.integers(int(lo), int(hi) + 1, size=shape).astype(dtype)
+            else:
+                feed[name] = rng.uniform(lo, hi, size=shape).astype(dtype)
+        feeds.append(feed)
+    return feeds
+
+
+def folder_feeds(folder: Path, inputs: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[dict[str, np.ndarray]]:
+    """Feeds from `<input>_<k>.npy` files (one batch each), grouped by k in sorted order."""
+    if not folder.is_dir():
+        raise SpecError(f"validation.data.folder: {folder} is not a folder")
+    per_input = {name: sorted(folder.glob(f"{name}_*.npy")) for name in inputs}
+    counts = {name: len(files) for name, files in per_input.items()}
+    if not all(counts.values()) or len(set(counts.values())) != 1:
+        raise SpecError(f"validation.data.folder: {folder} needs the same number (>= 1) of <input>_<k>.npy files "
+                        f"for every input, found {counts}")
+    feeds = []
+    for k in range(next(iter(counts.values()))):
+        feed = {}
+        for name, (dtype, shape) in inputs.items():
+            array = np.load(per_input[name][k], allow_pickle=False)
+            if array.dtype != np.dtype(dtype) or array.ndim != len(shape):
+                raise SpecError(f"{per_input[name][k]}: expected {dtype} with rank {len(shape)}, "
+                                f"got {array.dtype} {list(array.shape)}")
+            feed[name] = array
+        feeds.append(feed)
+    return feeds
+
+
+def validation_feeds(validation, inputs: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[dict[str, np.ndarray]]:
+    """The spec's validation data for the pipeline inputs `{name: (dtype, concrete shape)}`."""
+    if validation.data.folder is not None:
+        return folder_feeds(validation.data.folder, inputs)
+    return random_feeds(inputs, seed=validation.seed, samples=validation.samples,
+                        ranges=validation.data.random.ranges)

@@ -1,0 +1,40 @@
+import numpy as np
+import pytest
+
+from deepjit_compiler.data import concrete_shape, folder_feeds, random_feeds
+from deepjit_compiler.errors import SpecError
+
+
+def test_random_feeds_are_seeded_and_in_range():
+    inputs = {"images": ("float32", (2, 3, 8, 8)), "raw": ("uint8", (1, 5, 5, 3))}
+    a = random_feeds(inputs, seed=7, samples=3, ranges={"images": (-2.0, 3.0)})
+    b = random_feeds(inputs, seed=7, samples=3, ranges={"images": (-2.0, 3.0)})
+    c = random_feeds(inputs, seed=8, samples=3, ranges={"images": (-2.0, 3.0)})
+    assert len(a) == 3 and all(np.array_equal(x["images"], y["images"]) for x, y in zip(a, b))
+    assert not np.array_equal(a[0]["images"], c[0]["images"])
+    assert not np.array_equal(a[0]["images"], a[1]["images"])  # fresh data per sample
+    imgs = np.stack([f["images"] for f in a])
+    assert imgs.min() >= -2.0 and imgs.max() < 3.0 and imgs.std() > 1.0
+    raw = a[0]["raw"]
+    assert raw.dtype == np.uint8 and raw.max() > 200 and raw.min() < 50
+
+
+def test_concrete_shape():
+    assert concrete_shape(["batch", 3, 640, 640], 2) == (2, 3, 640, 640)
+    assert concrete_shape(["b", 3, "h", "w"], 1, fallback=(4, 3, 320, 480)) == (1, 3, 320, 480)
+    with pytest.raises(SpecError, match="dim 2"):
+        concrete_shape(["b", 3, "h"], 1)
+
+
+def test_folder_feeds(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(1, 3, 4, 4)).astype(np.float32) for _ in range(2)]
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"images_{k}.npy", a)
+    feeds = folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
+    assert [np.array_equal(f["images"], a) for f, a in zip(feeds, arrays)] == [True, True]
+    np.save(tmp_path / "images_2.npy", arrays[0].astype(np.float64))
+    with pytest.raises(SpecError, match="images_2.npy: expected float32"):
+        folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
+    with pytest.raises(SpecError, match="<input>_<k>.npy"):
+        folder_feeds(tmp_path, {"other": ("float32", (1,))})
