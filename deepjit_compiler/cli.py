@@ -85,6 +85,45 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
     _emit_json(info.data) if as_json else click.echo(info.text)
 
 
+@cli.command()
+@click.argument("bundle", type=EXISTING)
+@click.argument("ref")
+@click.option("--force", is_flag=True, help="Move an existing tag that points at different content.")
+@click.option("--json", "as_json", is_flag=True)
+def push(bundle: Path, ref: str, force: bool, as_json: bool) -> None:
+    """Push BUNDLE (folder or .tar.gz) to REF: file://PATH:TAG, oci://HOST[:PORT]/REPO:TAG, or a bare TAG."""
+    from . import store
+
+    result = store.push(bundle, ref, force=force)
+    data = {"ref": result.ref, "digest": result.digest, "pinned": result.pinned}
+    _emit_json(data) if as_json else click.echo(f"pushed {result.ref}\ndigest {result.digest}\npinned {result.pinned}")
+
+
+@cli.command()
+@click.argument("ref")
+@click.argument("dest", required=False, type=click.Path(path_type=Path))
+def pull(ref: str, dest: Path | None) -> None:
+    """Pull REF into DEST (default ./TAG), verifying every digest."""
+    from . import store
+
+    click.echo(f"pulled {ref} into {store.pull(ref, dest)}")
+
+
+@cli.command("ls")
+@click.argument("store_url", metavar="STORE")
+@click.option("--json", "as_json", is_flag=True)
+def ls_(store_url: str, as_json: bool) -> None:
+    """List the tags in STORE (file://PATH or oci://HOST[:PORT]/REPO)."""
+    from . import store
+
+    entries = store.ls(store_url)
+    if as_json:
+        _emit_json([{"tag": e.tag, "digest": e.digest, "name": e.name, "size": e.size} for e in entries])
+    else:
+        for e in entries:
+            click.echo(f"{e.tag:30} {e.digest}  {e.name or ''} {e.size or ''}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors print one message (exit 2, or 1 for the gate); bugs show a traceback (3)."""
     try:

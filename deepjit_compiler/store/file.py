@@ -1,0 +1,129 @@
+"""The folder store (`file://PATH`), DeepJIT's default.
+
+Layout (content-addressed by the bundle digest, which covers every file of the bundle):
+
+    PATH/blobs/sha256/<hex>.tar.gz          the deterministic bundle archive
+    PATH/blobs/sha256/<hex>.manifest.json   its manifest.json, read by `ls` without unpacking
+    PATH/tags/<tag>                         'sha256:<hex>\\n'
+    PATH/.lock                              flock'ed while a tag is read and moved
+
+Safe for concurrent pushes: blobs are written to a temporary file and renamed (two writers of
+one digest write identical bytes), and a tag is compared and moved under an exclusive flock, so
+of two pushes of one tag with different content exactly one wins and the other is refused
+(unless forced). A tag never points at a blob that is not complete.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..archive import atomic_write, pack_to
+from ..bundle import MANIFEST, Bundle, check_replaceable, read_bundle, unpack_bundle
+from ..errors import BundleError, StoreError, closest
+from . import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
+
+log = logging.getLogger("deepjit.store")
+
+
+class FileStore(Store):
+    """Bundles in a folder; see the module docstring for the layout."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root).expanduser().absolute()
+        self.url = f"file://{self.root}"
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"{self.url}: {self.root} exists and is not a folder")
+        self._blobs = self.root / "blobs" / "sha256"
+        self._tags = self.root / "tags"
+
+    def __repr__(self) -> str:
+        return f"FileStore({str(self.root)!r})"
+
+    def _blob(self, digest: str) -> Path:
+        return self._blobs / f"{digest.split(':', 1)[1]}.tar.gz"
+
+    def _meta(self, digest: str) -> Path:
+        return self._blobs / f"{digest.split(':', 1)[1]}.manifest.json"
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "ab") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _read_tag(self, tag: str) -> str | None:
+        path = self._tags / tag
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        if not DIGEST_RE.fullmatch(text):
+            raise StoreError(f"{self.url}: tag file {path} is corrupt (expected 'sha256:<hex>')")
+        return text
+
+    def _tags_list(self) -> list[str]:
+        if not self._tags.is_dir():
+            return []
+        return sorted(p.name for p in self._tags.iterdir() if TAG_RE.fullmatch(p.name))
+
+    def push(self, bundle: Path | Bundle, tag: str, *, force: bool = False) -> PushResult:
+        check_tag(tag)
+        b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
+        digest = b.digest
+        # Blobs first, outside the lock: content-addressed, so concurrent writers agree.
+        pack_to(b.root, self._blob(digest))
+        atomic_write(self._meta(digest), (b.root / MANIFEST).read_bytes())
+        with self._locked():
+            current = self._read_tag(tag)
+            if current not in (None, digest) and not force:
+                raise StoreError(f"{self.url}: tag '{tag}' already holds {current}, not this bundle "
+                                 f"({digest}); push with --force to move it")
+            if current != digest:
+                atomic_write(self._tags / tag, f"{digest}\n".encode())
+        log.info("pushed %s to %s:%s%s", digest, self.url, tag, " (unchanged)" if current == digest else "")
+        return PushResult(f"{self.url}:{tag}", digest, f"{self.url}@{digest}")
+
+    def _resolve(self, tag_or_digest: str) -> str:
+        if DIGEST_RE.fullmatch(tag_or_digest):
+            return tag_or_digest
+        check_tag(tag_or_digest)
+        digest = self._read_tag(tag_or_digest)
+        if digest is None:
+            raise StoreError(f"{self.url}: no tag '{tag_or_digest}'{closest(tag_or_digest, self._tags_list())}")
+        return digest
+
+    def pull(self, tag_or_digest: str, dest: Path) -> Path:
+        digest = self._resolve(tag_or_digest)
+        check_replaceable(Path(dest))
+        blob = self._blob(digest)
+        if not blob.is_file():
+            raise StoreError(f"{self.url}: no bundle {digest} in the store")
+        try:
+            unpack_bundle(blob, Path(dest), expected_digest=digest)
+        except BundleError as e:
+            raise StoreError(f"{self.url}: refusing {tag_or_digest}: the stored bundle failed verification: {e}") from None
+        log.info("pulled %s from %s into %s", digest, self.url, dest)
+        return Path(dest)
+
+    def ls(self) -> list[Entry]:
+        entries = []
+        for tag in self._tags_list():
+            digest = self._read_tag(tag)
+            if digest is None:  # removed meanwhile
+                continue
+            blob, meta = self._blob(digest), self._meta(digest)
+            try:
+                name = str(json.loads(meta.read_bytes()).get("name") or "")
+            except (OSError, ValueError, AttributeError):
+                name = ""
+            size = blob.stat().st_size if blob.is_file() else 0
+            entries.append(Entry(tag, digest, name, size))
+        return entries
