@@ -1,0 +1,219 @@
+"""What every engine backend shares: the build settings, the built artifact, the runner interface,
+and the `auto` backend decision.
+
+A backend builds an engine segment (an ONNX graph, precision already applied) into an artifact,
+and loads an artifact into a runner. Runners follow Polygraphy's runner shape (`activate`,
+`infer(feed_dict) -> dict`, `deactivate`, context manager; they subclass Polygraphy's BaseRunner,
+so the accuracy gate's Comparator runs them as they are) and add `enqueue`, which launches the
+engine on a given CUDA stream over given device pointers, for the runtime and its CUDA graphs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ..errors import SpecError, closest
+
+log = logging.getLogger("deepjit.engines")
+
+BACKENDS = ("auto", "tensorrt", "onnxruntime")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
+AMPERE_SM = 80
+SETTINGS_FORMAT = 1
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InputProfile:
+    """The min/opt/max shapes one engine input must accept (one TensorRT optimization profile row)."""
+
+    name: str
+    min: Shape
+    opt: Shape
+    max: Shape
+
+    def __post_init__(self):
+        where = f"engine profile for input '{self.name}'"
+        if not (len(self.min) == len(self.opt) == len(self.max)):
+            raise SpecError(f"{where}: min/opt/max have different ranks: {self.min}, {self.opt}, {self.max}")
+        for i, (lo, mid, hi) in enumerate(zip(self.min, self.opt, self.max)):
+            if not 1 <= lo <= mid <= hi:
+                raise SpecError(f"{where}: dim {i} needs 1 <= min <= opt <= max, got {lo}, {mid}, {hi}")
+
+
+def _choice(field_name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(f"engine.{field_name}: must be one of {', '.join(allowed)}, got "
+                        f"'{value}'{closest(value, allowed)}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """How to build engines: the spec's `engine` block, the inputs' profiles and the target's SM."""
+
+    backend: str = "auto"
+    precision: str = "fp32"
+    workspace_bytes: int = 2**30
+    timing_cache: Path | None = None
+    optimization_level: int = 3
+    hardware_compatibility: str = "none"
+    profiles: tuple[InputProfile, ...] = ()
+    target_sm: int | None = None
+    # TensorRT 10.x only: False builds weakly typed with the precision's builder flags set too.
+    # TensorRT 11 is always strongly typed.
+    strongly_typed: bool = True
+
+    def __post_init__(self):
+        _choice("backend", self.backend, BACKENDS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("hardware_compatibility", self.hardware_compatibility, HARDWARE_COMPATIBILITY)
+        if not 0 <= self.optimization_level <= 5:
+            raise SpecError(f"engine.optimization_level: must be 0..5, got {self.optimization_level}")
+        if self.workspace_bytes <= 0:
+            raise SpecError(f"engine.workspace: must be a positive number of bytes, got {self.workspace_bytes}")
+        names = [p.name for p in self.profiles]
+        if len(set(names)) != len(names):
+            raise SpecError(f"engine profiles name an input twice: {names}")
+
+    @classmethod
+    def from_spec(cls, spec) -> EngineSettings:
+        """From a `spec.Spec`: its engine block, its inputs' profiles and its target."""
+        e = spec.engine
+        profiles = tuple(InputProfile(name, inp.min_shape, inp.opt_shape, inp.max_shape)
+                         for name, inp in spec.inputs.items())
+        return cls(backend=e.backend, precision=e.precision, workspace_bytes=e.workspace,
+                   timing_cache=e.timing_cache, optimization_level=e.optimization_level,
+                   hardware_compatibility=e.hardware_compatibility, profiles=profiles,
+                   target_sm=spec.target.resolved_sm)
+
+    def profile(self, name: str) -> InputProfile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "format": SETTINGS_FORMAT,
+            "backend": self.backend,
+            "precision": self.precision,
+            "workspace_bytes": self.workspace_bytes,
+            "timing_cache": str(self.timing_cache) if self.timing_cache else None,
+            "optimization_level": self.optimization_level,
+            "hardware_compatibility": self.hardware_compatibility,
+            "profiles": {p.name: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)} for p in self.profiles},
+            "target_sm": self.target_sm,
+            "strongly_typed": self.strongly_typed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> EngineSettings:
+        if d.get("format") != SETTINGS_FORMAT:
+            raise SpecError(f"engine settings: format {d.get('format')!r} is not {SETTINGS_FORMAT} "
+                            "(written by another DeepJIT version)")
+        profiles = tuple(InputProfile(n, tuple(p["min"]), tuple(p["opt"]), tuple(p["max"]))
+                         for n, p in d.get("profiles", {}).items())
+        tc = d.get("timing_cache")
+        return cls(backend=d["backend"], precision=d["precision"], workspace_bytes=d["workspace_bytes"],
+                   timing_cache=Path(tc) if tc else None, optimization_level=d["optimization_level"],
+                   hardware_compatibility=d["hardware_compatibility"], profiles=profiles,
+                   target_sm=d.get("target_sm"), strongly_typed=d.get("strongly_typed", True))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineArtifact:
+    """A built (or deferred) engine for one segment: its files, relative to the bundle's engine
+    folder, and the settings it was built with. Deferred: the files are the segment's ONNX, to be
+    built into a plan on the target by `deepjit materialize`."""
+
+    backend: str
+    segment_name: str
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    settings_json: str = "{}"
+    deferred: bool = False
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        h.update(json.dumps([self.backend, self.segment_name, self.settings_json, self.deferred]).encode())
+        for rel in sorted(self.files):
+            h.update(rel.encode() + b"\0" + hashlib.sha256(self.files[rel]).digest())
+        return h.hexdigest()
+
+    def file_digests(self) -> dict[str, str]:
+        return {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(self.files.items())}
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Polygraphy's runner shape plus `enqueue` for GPU engines."""
+
+    name: str
+
+    def activate(self) -> None: ...
+
+    def infer(self, feed_dict, check_inputs: bool = True) -> dict: ...
+
+    def deactivate(self) -> None: ...
+
+    def __enter__(self): ...
+
+    def __exit__(self, exc_type, exc, tb): ...
+
+    def enqueue(self, stream_handle: int, bindings: Mapping[str, int], shapes: Mapping[str, Shape]) -> None:
+        """Launch on the CUDA stream `stream_handle` (a cudaStream_t as int); `bindings` maps every
+        input and output tensor to a device pointer, `shapes` gives their shapes. Returns without
+        synchronizing."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Which backend builds the engines: deferred means a TensorRT plan built later on the target,
+    with ONNX Runtime running and validating the segments until then."""
+
+    backend: str
+    deferred: bool
+    reason: str
+
+
+def select_backend(settings: EngineSettings, *, tensorrt_importable: bool, device_sm: int | None) -> Decision:
+    """Pick the backend for `settings.backend` given what this machine has.
+
+    onnxruntime: always ONNX Runtime. tensorrt and auto: TensorRT now when it imports and this
+    GPU's engines run on the target; otherwise a deferred TensorRT engine. Only auto without a
+    target falls back to ONNX Runtime as the engine itself (there is nothing to defer to)."""
+    if settings.backend == "onnxruntime":
+        return Decision("onnxruntime", False, "engine.backend is onnxruntime")
+    ok, why = _builds_here(settings, tensorrt_importable, device_sm)
+    if ok:
+        return Decision("tensorrt", False, why)
+    if settings.backend == "auto" and settings.target_sm is None:
+        return Decision("onnxruntime", False, f"{why}, and no target GPU is named: ONNX Runtime is the engine")
+    target = f"sm_{settings.target_sm}" if settings.target_sm is not None else "the target GPU"
+    return Decision("tensorrt", True, f"{why}: the TensorRT plan is deferred to `deepjit materialize` on "
+                                      f"{target}; ONNX Runtime validates the segments meanwhile")
+
+
+def _builds_here(settings: EngineSettings, trt: bool, device_sm: int | None) -> tuple[bool, str]:
+    if not trt:
+        return False, "TensorRT is not importable here"
+    if device_sm is None:
+        return False, "this machine has no GPU"
+    target = settings.target_sm
+    if target is None:
+        return True, f"TensorRT builds for this GPU (sm_{device_sm})"
+    if device_sm == target:
+        return True, f"this GPU is the target (sm_{target})"
+    if settings.hardware_compatibility == "ampere_plus" and min(device_sm, target) >= AMPERE_SM:
+        return True, f"an ampere_plus engine built on sm_{device_sm} runs on the target sm_{target}"
+    return False, f"this GPU is sm_{device_sm} and the target is sm_{target}"

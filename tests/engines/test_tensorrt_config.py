@@ -1,0 +1,222 @@
+"""The spec-to-TensorRT mapping (pure: no TensorRT needed), engine settings, and the `auto` decision."""
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from deepjit_compiler.engines import (EngineArtifact, EngineSettings, InputProfile, deferred_settings,
+                                      engine_from_segment, materialize, select_backend, tensorrt_importable)
+from deepjit_compiler.engines.base import Decision
+from deepjit_compiler.engines.tensorrt import (config_from_settings, network_kwargs, profiles_for, resolve_enums,
+                                               segment_inputs)
+from deepjit_compiler.errors import BundleError, EngineError, MissingDependency, SpecError
+
+IMAGES = InputProfile("images", (1, 3, 640, 640), (4, 3, 640, 640), (8, 3, 640, 640))
+
+
+def settings(**kw) -> EngineSettings:
+    base = dict(backend="tensorrt", precision="fp16", workspace_bytes=3 * 2**30, timing_cache=Path("/cache/t4.timing"),
+                optimization_level=5, hardware_compatibility="none", profiles=(IMAGES,), target_sm=75)
+    return EngineSettings(**{**base, **kw})
+
+
+# -- config_from_settings -------------------------------------------------------------------------
+
+def test_workspace_timing_cache_and_optimization_level():
+    kw = config_from_settings(settings())
+    assert kw["memory_pool_limits"] == {"WORKSPACE": 3 * 2**30}
+    assert kw["load_timing_cache"] == "/cache/t4.timing"
+    assert kw["builder_optimization_level"] == 5
+    assert "load_timing_cache" not in config_from_settings(settings(timing_cache=None))
+
+
+def test_profiles_carry_min_opt_max():
+    (profile,) = config_from_settings(settings())["profiles"]
+    assert list(profile.keys()) == ["images"]
+    shapes = profile["images"]
+    assert (tuple(shapes.min), tuple(shapes.opt), tuple(shapes.max)) == ((1, 3, 640, 640), (4, 3, 640, 640),
+                                                                        (8, 3, 640, 640))
+
+
+@pytest.mark.parametrize("level,expected", [("none", None), ("ampere_plus", "AMPERE_PLUS"),
+                                            ("same_compute_capability", "SAME_COMPUTE_CAPABILITY")])
+def test_hardware_compatibility(level, expected):
+    kw = config_from_settings(settings(hardware_compatibility=level))
+    assert kw.get("hardware_compatibility_level") == expected
+
+
+@pytest.mark.parametrize("precision,flag", [("fp16", "fp16"), ("bf16", "bf16"), ("int8", "int8")])
+def test_builder_flags_only_for_tensorrt_10_weakly_typed(precision, flag):
+    weak = settings(precision=precision, strongly_typed=False)
+    assert config_from_settings(weak, trt_version="10.9.0.34")[flag] is True
+    assert network_kwargs(weak, "10.9.0.34") == {"strongly_typed": False}
+    for s, version in ((weak, "11.1.0"), (settings(precision=precision), "10.9.0.34")):
+        assert not {"fp16", "bf16", "int8"} & set(config_from_settings(s, trt_version=version)), version
+        assert network_kwargs(s, version) == {"strongly_typed": True}
+    assert not {"fp16", "bf16", "int8"} & set(config_from_settings(settings(precision="fp32", strongly_typed=False),
+                                                                 trt_version="10.9"))
+
+
+def test_resolve_enums_uses_tensorrts_names():
+    fake_trt = SimpleNamespace(
+        __version__="11.1.0",
+        MemoryPoolType=enum.Enum("MemoryPoolType", "WORKSPACE DLA_MANAGED_SRAM"),
+        HardwareCompatibilityLevel=enum.Enum("HardwareCompatibilityLevel", "NONE AMPERE_PLUS SAME_COMPUTE_CAPABILITY"))
+    kw = resolve_enums(config_from_settings(settings(hardware_compatibility="ampere_plus")), fake_trt)
+    assert kw["memory_pool_limits"] == {fake_trt.MemoryPoolType.WORKSPACE: 3 * 2**30}
+    assert kw["hardware_compatibility_level"] is fake_trt.HardwareCompatibilityLevel.AMPERE_PLUS
+    old_trt = SimpleNamespace(__version__="10.2.0", MemoryPoolType=fake_trt.MemoryPoolType,
+                              HardwareCompatibilityLevel=enum.Enum("HardwareCompatibilityLevel", "NONE AMPERE_PLUS"))
+    with pytest.raises(EngineError, match="TensorRT 10.2.0 lacks.*SAME_COMPUTE_CAPABILITY"):
+        resolve_enums(config_from_settings(settings(hardware_compatibility="same_compute_capability")), old_trt)
+
+
+# -- profiles for a segment's own inputs ----------------------------------------------------------
+
+def test_segment_profiles_follow_its_inputs():
+    inputs = [("images", (None, 3, 640, 640)), ("feat", (None, 64, 80, 80)), ("static", (1, 4))]
+    (profile,) = profiles_for(settings(), inputs)
+    assert list(profile.keys()) == ["images", "feat"]  # a static input needs no profile
+    feat = profile["feat"]
+    assert (tuple(feat.min), tuple(feat.opt), tuple(feat.max)) == ((1, 64, 80, 80), (4, 64, 80, 80), (8, 64, 80, 80))
+    assert profiles_for(settings(), [("static", (1, 4))]) == []
+
+
+def test_segment_profile_errors_name_the_input():
+    with pytest.raises(EngineError, match=r"'feat' \[\?, 64, \?, \?\].*beyond the batch"):
+        profiles_for(settings(), [("feat", (None, 64, None, None))])
+    with pytest.raises(EngineError, match=r"profile for 'images' \[4, 3, 640, 640\].*\[\?, 3, 320, 320\]"):
+        profiles_for(settings(), [("images", (None, 3, 320, 320))])
+
+
+def test_segment_inputs_reads_names_and_dims(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 8, 8])])
+    onnx.save(helper.make_model(graph), tmp_path / "seg.onnx")
+    assert segment_inputs(tmp_path / "seg.onnx") == [("x", (None, 3, 8, 8))]
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+def test_settings_reject_bad_values_by_field():
+    with pytest.raises(SpecError, match="engine.backend.*did you mean 'tensorrt'"):
+        settings(backend="tensorrtt")
+    with pytest.raises(SpecError, match="engine.hardware_compatibility"):
+        settings(hardware_compatibility="ampere")
+    with pytest.raises(SpecError, match="engine.optimization_level: must be 0..5"):
+        settings(optimization_level=6)
+    with pytest.raises(SpecError, match="dim 0 needs 1 <= min <= opt <= max, got 4, 2, 8"):
+        InputProfile("images", (4, 3), (2, 3), (8, 3))
+
+
+def test_settings_json_round_trip_and_digest():
+    s = settings(hardware_compatibility="ampere_plus")
+    assert EngineSettings.from_dict(json.loads(s.to_json())) == s
+    assert s.digest() != settings(optimization_level=4).digest()
+    with pytest.raises(SpecError, match="format"):
+        EngineSettings.from_dict({**s.to_dict(), "format": 99})
+
+
+def test_settings_from_spec():
+    from deepjit_compiler.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "pipelines" / "yolov8_h200.yaml").spec
+    s = EngineSettings.from_spec(spec)
+    e = spec.engine
+    assert (s.backend, s.precision, s.workspace_bytes, s.optimization_level) == (e.backend, e.precision, e.workspace,
+                                                                                e.optimization_level)
+    assert s.timing_cache == e.timing_cache and s.target_sm == spec.target.resolved_sm
+    (p,) = s.profiles
+    assert (p.name, p.min, p.opt, p.max) == ("images", *(spec.inputs["images"].min_shape,
+                                                         spec.inputs["images"].opt_shape,
+                                                         spec.inputs["images"].max_shape))
+
+
+# -- the auto decision ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["auto", "tensorrt"])
+def test_tensorrt_now_when_importable_and_this_gpu_is_the_target(backend):
+    d = select_backend(settings(backend=backend, target_sm=75), tensorrt_importable=True, device_sm=75)
+    assert d == Decision("tensorrt", False, d.reason) and "sm_75" in d.reason
+
+
+@pytest.mark.parametrize("backend", ["auto", "tensorrt"])
+def test_deferred_without_tensorrt(backend):
+    d = select_backend(settings(backend=backend), tensorrt_importable=False, device_sm=75)
+    assert (d.backend, d.deferred) == ("tensorrt", True)
+    assert "not importable" in d.reason and "materialize" in d.reason
+
+
+def test_deferred_without_a_gpu():
+    d = select_backend(settings(backend="auto"), tensorrt_importable=True, device_sm=None)
+    assert (d.backend, d.deferred) == ("tensorrt", True) and "no GPU" in d.reason
+
+
+def test_deferred_on_another_gpu():
+    d = select_backend(settings(backend="auto", target_sm=75), tensorrt_importable=True, device_sm=90)
+    assert (d.backend, d.deferred) == ("tensorrt", True) and "sm_90" in d.reason and "sm_75" in d.reason
+
+
+def test_ampere_plus_builds_on_any_ampere_or_newer_gpu():
+    s = settings(hardware_compatibility="ampere_plus", target_sm=86)
+    assert select_backend(s, tensorrt_importable=True, device_sm=90).deferred is False
+    # a Turing target, or a Turing build machine, is outside ampere_plus
+    assert select_backend(settings(hardware_compatibility="ampere_plus", target_sm=75), tensorrt_importable=True,
+                          device_sm=90).deferred is True
+    assert select_backend(s, tensorrt_importable=True, device_sm=75).deferred is True
+    # same_compute_capability is exact
+    assert select_backend(settings(hardware_compatibility="same_compute_capability", target_sm=86),
+                          tensorrt_importable=True, device_sm=90).deferred is True
+
+
+def test_onnxruntime_is_onnxruntime_everywhere():
+    for trt_ok, sm in ((True, 75), (False, None)):
+        assert select_backend(settings(backend="onnxruntime"), tensorrt_importable=trt_ok,
+                              device_sm=sm) == Decision("onnxruntime", False, "engine.backend is onnxruntime")
+
+
+def test_auto_without_a_target():
+    assert select_backend(settings(backend="auto", target_sm=None), tensorrt_importable=True,
+                          device_sm=89) == Decision("tensorrt", False, "TensorRT builds for this GPU (sm_89)")
+    d = select_backend(settings(backend="auto", target_sm=None), tensorrt_importable=False, device_sm=None)
+    assert (d.backend, d.deferred) == ("onnxruntime", False)
+    d = select_backend(settings(backend="tensorrt", target_sm=None), tensorrt_importable=False, device_sm=None)
+    assert (d.backend, d.deferred) == ("tensorrt", True) and "the target GPU" in d.reason
+
+
+# -- deferred engines -----------------------------------------------------------------------------
+
+def _tiny() -> onnx.ModelProto:
+    graph = helper.make_graph([helper.make_node("Relu", ["images"], ["out"])], "g",
+                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["b", 3, 640, 640])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", 3, 640, 640])])
+    return helper.make_model(graph)
+
+
+def test_deferred_artifact_carries_the_segment_and_portable_settings():
+    s = settings()
+    art = engine_from_segment("engine", _tiny(), s, Decision("tensorrt", True, "test"), workdir="unused")
+    assert isinstance(art, EngineArtifact) and art.deferred and list(art.files) == ["engine.onnx"]
+    stored = json.loads(art.settings_json)
+    assert stored == deferred_settings(s) and stored["timing_cache"] is None
+    back = EngineSettings.from_dict(stored)
+    assert back.profiles == s.profiles and back.target_sm == 75 and back.precision == "fp16"
+
+
+@pytest.mark.skipif(tensorrt_importable(), reason="TensorRT is installed here")
+def test_materialize_needs_tensorrt(tmp_path):
+    onnx.save(_tiny(), tmp_path / "engine.onnx")
+    with pytest.raises(MissingDependency, match=r"install deepjit\[tensorrt\] or set engine.backend: onnxruntime"):
+        materialize({"engine": tmp_path / "engine.onnx"}, json.dumps(deferred_settings(settings())))
+
+
+def test_materialize_rejects_malformed_settings(tmp_path):
+    with pytest.raises(BundleError, match="deferred engine settings are malformed"):
+        materialize([tmp_path / "engine.onnx"], '{"backend": "tensorrt"}')
