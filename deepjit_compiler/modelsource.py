@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 
 from .errors import ModelError, SpecError, closest
+from .modelinfo import load_model
 from .spec import LoadedSpec
 
 log = logging.getLogger("deepjit.model")
@@ -39,12 +40,8 @@ def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
         log.info("synthesizing %s (seed %d) at %s", src.synthesize, src.seed, src.path)
         write_synthetic(src.synthesize, src.path, seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
         synthesized = True
-    data = src.path.read_bytes()
-    try:
-        model = onnx.load_from_string(data)
-    except Exception as e:  # onnx raises DecodeError and friends
-        raise ModelError(f"{src.path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-    return ResolvedModel(src.path, model, hashlib.sha256(data).hexdigest(), synthesized)
+    model = load_model(src.path)
+    return ResolvedModel(src.path, model, hashlib.sha256(src.path.read_bytes()).hexdigest(), synthesized)
 
 
 def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:

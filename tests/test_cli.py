@@ -1,0 +1,77 @@
+"""The command line, through a subprocess, as a user runs it."""
+import json
+
+import onnx
+import pytest
+
+from conftest import PIPELINES, run_cli
+
+
+def test_help_everywhere():
+    for args in ([], ["build"], ["schema"], ["model", "synth"], ["inspect"], ["push"], ["pull"], ["ls"]):
+        r = run_cli(*args, "--help")
+        assert r.returncode == 0, (args, r.stderr)
+        assert "Usage:" in r.stdout
+
+
+def test_schema_is_json_schema():
+    r = run_cli("schema")
+    assert r.returncode == 0
+    schema = json.loads(r.stdout)
+    assert schema["title"] == "DeepJIT pipeline spec" and "cuts" in schema["properties"]
+
+
+def test_bad_spec_exits_2_with_location(write_spec):
+    path = write_spec({"  precision: fp16": "  precison: fp16"})
+    r = run_cli("build", str(path))
+    assert r.returncode == 2
+    assert f"{path}:" in r.stderr and "did you mean 'precision'" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_model_without_synthesize_exits_2(write_spec):
+    path = write_spec({"  synthesize: yolov8s": "  # no synthesize"})
+    r = run_cli("build", str(path))
+    assert r.returncode == 2
+    assert "model.path" in r.stderr and "does not exist" in r.stderr
+
+
+def test_unreadable_model_exits_2(write_spec, tmp_path):
+    (tmp_path / "broken.onnx").write_bytes(b"this is not a protobuf \xff\xfe")
+    path = write_spec({"path: ../models/yolov8s.onnx": "path: broken.onnx"})
+    r = run_cli("build", str(path))
+    assert r.returncode == 2 and "broken.onnx" in r.stderr
+
+
+def test_model_synth_and_inspect(tmp_path):
+    out = tmp_path / "m.onnx"
+    r = run_cli("model", "synth", "yolov8n", "-o", str(out), "--seed", "3", "--head-layout", "split")
+    assert r.returncode == 0, r.stderr
+    model = onnx.load(str(out))
+    assert [o.name for o in model.graph.output] == ["output0"]
+    assert any(n.op_type == "Split" and n.name.startswith("/model.22") for n in model.graph.node)
+    r = run_cli("inspect", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["opset"] == 17
+    assert info["inputs"][0]["name"] == "images" and info["inputs"][0]["shape"] == ["batch", 3, 640, 640]
+    assert info["outputs"][0]["shape"] == ["batch", 84, 8400]
+    assert info["parameter_count"] == sum(onnx.numpy_helper.to_array(t).size for t in model.graph.initializer)
+    assert info["ops"]["MaxPool"] == 3
+    r = run_cli("inspect", str(out))
+    assert r.returncode == 0 and "op histogram" in r.stdout
+
+
+def test_spec_input_must_match_model(write_spec, tmp_path):
+    model = tmp_path / "m.onnx"
+    assert run_cli("model", "synth", "yolov8n", "-o", str(model)).returncode == 0
+    path = write_spec({"path: ../models/yolov8s.onnx": "path: m.onnx", "  images:": "  image:"})
+    r = run_cli("build", str(path), "--dry-run")
+    assert r.returncode == 2 and "inputs.image: the model has no input 'image' (did you mean 'images'?)" in r.stderr
+
+
+def test_internal_error_exits_3(tmp_path):
+    # A model path that is a folder with synthesize set: writing over a folder is not a user error path
+    # we handle specially, so the CLI must still not crash with exit 1; force a real bug instead:
+    r = run_cli("inspect", str(tmp_path))  # a folder that is neither a bundle nor a model
+    assert r.returncode == 2 and "Traceback" not in r.stderr
