@@ -48,14 +48,18 @@ def inspect_target(target: Path, *, suggest_cuts: bool = False) -> Inspection:
         return Inspection(data, _render_bundle(data))
     from .modelinfo import describe_model
 
-    data = describe_model(target).to_dict()
+    from .modelinfo import load_model
+
+    model = load_model(target)
+    data = describe_model(model).to_dict()
+    text = _render_model(target, data)
     if suggest_cuts:
-        import onnx
+        from .suggest import format_suggestions, suggest_cuts as find
 
-        from .suggest import suggest_cuts as find
-
-        data["suggested_cuts"] = [s.to_dict() for s in find(onnx.load(str(target)))]
-    return Inspection(data, _render_model(target, data))
+        found = find(model)
+        data["suggested_cuts"] = [s.to_dict() for s in found]
+        text += "\nsuggested cuts (the small-kernel wall, largest first):\n" + format_suggestions(found)
+    return Inspection(data, text)
 
 
 def _render_model(path: Path, d: dict[str, Any]) -> str:
@@ -72,10 +76,6 @@ def _render_model(path: Path, d: dict[str, Any]) -> str:
     for op, n in d["ops"].items():
         ops.add_row(op, str(n))
     out.print(ops)
-    for i, s in enumerate(d.get("suggested_cuts", []), 1):
-        out.print(f"\n[bold]suggestion {i}[/bold]: {s['node_count']} nodes ({s['where']}), ops {s['ops']}")
-        out.print(f"  inputs:  {s['inputs']}\n  outputs: {s['outputs']}")
-        out.print(s["yaml"])
     return buf.getvalue()
 
 

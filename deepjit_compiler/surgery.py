@@ -1,0 +1,594 @@
+"""Graph surgery: cut regions out of the model so JIT kernels can replace them.
+
+    plan = plan_from_model(model, spec.cuts)
+
+A cut names its boundary tensors (or a preset finds them). Its region is every node on a path from
+its outputs back to its inputs; constants (initializers, Constant nodes and what is computed only
+from them) are copied into whichever piece needs them. What is left of the model becomes engine
+segments, split wherever a cut sits in the middle. Each cut keeps the exact subgraph it removed as
+the reference its kernel must match; stages added before/after the model get reference graphs from
+references.py. Extraction is onnx.utils.Extractor's, over a shape-inferred model.
+"""
+from __future__ import annotations
+
+import graphlib
+import hashlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+import onnx.utils
+
+from . import references
+from .errors import SurgeryError, closest
+from .onnxutil import (GraphIndex, TensorSig, canonical_dims, complete_value_info, constant_value,
+                       infer_shapes, model_bytes, pin_ir_version, sig_from_value_info, value_info_map,
+                       write_atomic)
+from .presets import PRESETS
+
+log = logging.getLogger("deepjit.surgery")
+
+__all__ = ["AddedStage", "CutRequest", "KernelRequest", "KernelSite", "Plan", "Segment", "TensorSig",
+           "plan_from_model"]
+
+
+# --- requests (the spec's cuts, duck-typed) -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRequest:
+    contract: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CutRequest:
+    """What surgery reads from a spec cut; the lead passes pydantic `Cut`s with the same attributes."""
+
+    name: str
+    preset: str | None = None
+    inputs: Sequence[str] | None = None
+    outputs: Sequence[str] | None = None
+    add: str | None = None
+    at: str | None = None
+    kernels: Sequence[Any] = ()
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+
+def _ops(model: onnx.ModelProto) -> dict[str, int]:
+    return dict(sorted(Counter(n.op_type for n in model.graph.node if n.op_type != "Constant").items()))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Segment:
+    """A piece of the model left to the engine (TensorRT or ONNX Runtime)."""
+
+    kind: ClassVar[str] = "segment"
+    folder: ClassVar[str] = "segments"
+    name: str
+    model: onnx.ModelProto
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
+
+    @property
+    def onnx(self) -> onnx.ModelProto:
+        return self.model
+
+    def summary(self) -> dict[str, Any]:
+        return {"nodes": sum(1 for n in self.model.graph.node if n.op_type != "Constant"), "ops": _ops(self.model)}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KernelSite:
+    """A region cut out of the model; `reference` is the exact subgraph its kernel must match."""
+
+    kind: ClassVar[str] = "kernel"
+    folder: ClassVar[str] = "references"
+    name: str
+    reference: onnx.ModelProto
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
+    facts: Mapping[str, Any]
+    kernels: tuple[Any, ...]
+
+    @property
+    def onnx(self) -> onnx.ModelProto:
+        return self.reference
+
+    def summary(self) -> dict[str, Any]:
+        return {"facts": dict(self.facts), "kernels": [k.contract for k in self.kernels]}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AddedStage:
+    """A kernel the model lacks (letterbox before it, NMS after it), with an ONNX reference graph."""
+
+    kind: ClassVar[str] = "added"
+    folder: ClassVar[str] = "references"
+    name: str
+    position: str  # "before" | "after"
+    reference: onnx.ModelProto
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
+    params: Mapping[str, Any]
+    kernels: tuple[Any, ...]
+
+    @property
+    def onnx(self) -> onnx.ModelProto:
+        return self.reference
+
+    def summary(self) -> dict[str, Any]:
+        return {"position": self.position, "params": dict(self.params), "kernels": [k.contract for k in self.kernels]}
+
+
+Step = Segment | KernelSite | AddedStage
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Plan:
+    """The pipeline in run order. A step reads pipeline inputs or outputs of earlier steps by name."""
+
+    steps: tuple[Step, ...]
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
+
+    def step(self, name: str) -> Step:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(f"no step '{name}'{closest(name, [s.name for s in self.steps])}")
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Segment))
+
+    @property
+    def sites(self) -> tuple[KernelSite, ...]:
+        return tuple(s for s in self.steps if isinstance(s, KernelSite))
+
+    @property
+    def added(self) -> tuple[AddedStage, ...]:
+        return tuple(s for s in self.steps if isinstance(s, AddedStage))
+
+    def summary(self) -> list[dict[str, Any]]:
+        return [{"name": s.name, "kind": s.kind, "inputs": [t.to_dict() for t in s.inputs],
+                 "outputs": [t.to_dict() for t in s.outputs], **s.summary()} for s in self.steps]
+
+    def relpath(self, step: Step) -> str:
+        return f"{step.folder}/{step.name}.onnx"
+
+    def write(self, folder: str | Path) -> dict[str, str]:
+        """Write segments/<name>.onnx and references/<name>.onnx (atomic, byte-deterministic);
+        returns {step name: path relative to folder}."""
+        folder = Path(folder)
+        paths = {}
+        for s in self.steps:
+            rel = self.relpath(s)
+            write_atomic(folder / rel, model_bytes(s.onnx))
+            paths[s.name] = rel
+        return paths
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for s in self.steps:
+            h.update(f"{s.kind}:{s.name}\0".encode())
+            h.update(model_bytes(s.onnx))
+        return h.hexdigest()
+
+
+# --- regions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Region:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    nodes: frozenset[int]  # positions of the non-constant nodes removed
+    facts: Mapping[str, Any]
+    cut: Any
+    shape_subs: Mapping[int, str]  # Shape node position -> the cut input it reads instead
+
+
+def _check_names(idx: GraphIndex, cut: str, role: str, names: Sequence[str] | None) -> tuple[str, ...]:
+    if not names:
+        raise SurgeryError(f"cut '{cut}': `{role}` is empty; list the tensor names at the cut's boundary")
+    for n in names:
+        if n not in idx.tensors:
+            raise SurgeryError(f"cut '{cut}': tensor '{n}' is not in the model{closest(n, idx.tensors)}")
+        if n in idx.const:
+            raise SurgeryError(f"cut '{cut}': {role[:-1]} '{n}' is a constant; constants are copied into "
+                               "the cut, list only computed tensors")
+    dupes = [n for n, c in Counter(names).items() if c > 1]
+    if dupes:
+        raise SurgeryError(f"cut '{cut}': tensor '{dupes[0]}' is listed twice in `{role}`")
+    return tuple(names)
+
+
+def region_of(idx: GraphIndex, cut: str, inputs: Sequence[str], outputs: Sequence[str]) -> tuple[frozenset[int], dict[int, str]]:
+    """Positions of the nodes between `outputs` and `inputs`, and for Shape nodes that read a tensor
+    outside the cut, the cut input they read the same dims from. Raises if the cut is not closed."""
+    ins = _check_names(idx, cut, "inputs", inputs)
+    outs = _check_names(idx, cut, "outputs", outputs)
+    both = set(ins) & set(outs)
+    if both:
+        raise SurgeryError(f"cut '{cut}': tensor '{sorted(both)[0]}' is both an input and an output")
+    nodes: set[int] = set()
+    reached: set[str] = set()
+    shape_reads: list[tuple[int, str]] = []
+    stack = [(o, None) for o in outs]
+    while stack:
+        name, via = stack.pop()
+        if name in ins:
+            reached.add(name)
+            continue
+        if name in idx.const:
+            continue
+        p = idx.producer(name)
+        if p is None:
+            where = f" (used by node '{idx.label(via)}')" if via is not None else ""
+            raise SurgeryError(f"cut '{cut}' contains the model input '{name}'{where}: a cut must not "
+                               f"reach a model input; add '{name}' to the cut's inputs or move its boundary")
+        if p in nodes:
+            continue
+        nodes.add(p)
+        if idx.nodes[p].op == "Shape" and idx.ins(p)[0] not in ins:
+            shape_reads.append((p, idx.ins(p)[0]))  # only its shape is read: decided below
+        else:
+            stack.extend((i, p) for i in idx.ins(p))
+    subs = {}
+    for p, x in shape_reads:
+        if idx.producer(x) not in nodes and x not in idx.const:
+            subs[p] = _shape_substitute(idx, cut, p, x, ins)
+    unused = [i for i in ins if i not in reached and i not in subs.values()]
+    if unused:
+        raise SurgeryError(f"cut '{cut}': input '{unused[0]}' does not lead to any of the cut's outputs "
+                           f"{list(outs)}")
+    for p in sorted(nodes):
+        for t in idx.outs(p):
+            if t in outs:
+                continue
+            if t in idx.outputs:
+                raise SurgeryError(f"cut '{cut}' is not closed: '{t}' is removed but is a model output; "
+                                   "add it to the cut's outputs")
+            outside = [c for c in idx.consumers(t) if c not in nodes]
+            if outside:
+                raise SurgeryError(f"cut '{cut}' is not closed: '{t}' is removed but used by node "
+                                   f"'{idx.label(outside[0])}' outside the cut; add '{t}' to the cut's outputs")
+    return frozenset(nodes), subs
+
+
+def _dims_read(idx: GraphIndex, shape_node: int, rank: int) -> set[int]:
+    """Which dims of its input a Shape node's consumers use (all of them unless provably fewer)."""
+    node = idx.nodes[shape_node]
+    start, end = node.attrs.get("start", 0), node.attrs.get("end", rank)
+    base = list(range(rank))[start:end]
+    used: set[int] = set()
+    for c in idx.consumers(idx.outs(shape_node)[0]):
+        op = idx.nodes[c]
+        vals = [constant_value(t) for t in op.inputs[1:]]
+        if op.op == "Gather" and op.attrs.get("axis", 0) == 0 and vals and vals[0] is not None:
+            used.update(base[int(i)] for i in np.ravel(vals[0]))
+        elif op.op == "Slice" and len(vals) >= 2 and all(v is not None for v in vals[:2]) and \
+                all(v is None or np.all(v == 0) for v in vals[2:3]) and all(np.all(v == 1) for v in vals[3:4] if v is not None):
+            used.update(base[int(vals[0][0]):int(vals[1][0])])
+        else:
+            return set(base)
+    return used
+
+
+def _shape_substitute(idx: GraphIndex, cut: str, shape_node: int, x: str, ins: Sequence[str]) -> str:
+    """A cut input whose dims equal `x`'s on every axis the Shape node's consumers read, checked at two
+    input sizes (anchors need the feature map's H and W, which the head maps share)."""
+    sx = idx.sig(x)
+    rank = len(sx.shape) if sx is not None else None
+    dims = _dims_read(idx, shape_node, rank) if rank is not None else set()
+    if rank is not None and dims:
+        for y in ins:
+            sy = idx.sig(y)
+            if sy is None or len(sy.shape) != rank:
+                continue
+            if all(all(len(s.get(x, ())) == rank and s.get(x)[d] == s.get(y, (None,) * rank)[d] for d in dims)
+                   for s in idx.concrete_shapes()):
+                log.info("cut '%s': %s reads the shape of '%s' outside the cut; it reads '%s' instead (same dims %s)",
+                         cut, idx.label(shape_node), x, y, sorted(dims))
+                return y
+    raise SurgeryError(f"cut '{cut}': node '{idx.label(shape_node)}' reads the shape of '{x}', which is outside "
+                       f"the cut, and no cut input has the same dims; add '{x}' to the cut's inputs")
+
+
+def _region_for_cut(idx: GraphIndex, cut) -> _Region:
+    if cut.preset is not None:
+        finder = PRESETS.get(cut.preset)
+        if finder is None:
+            raise SurgeryError(f"cut '{cut.name}': unknown preset '{cut.preset}'{closest(cut.preset, PRESETS)}; "
+                               f"presets: {sorted(PRESETS)}")
+        try:
+            match = finder(idx)
+        except SurgeryError as e:
+            raise SurgeryError(f"cut '{cut.name}': {e}") from None
+        inputs, outputs, facts = match.inputs, match.outputs, dict(match.facts)
+    else:
+        inputs, outputs, facts = tuple(cut.inputs or ()), tuple(cut.outputs or ()), {}
+    nodes, subs = region_of(idx, cut.name, inputs, outputs)
+    if subs:
+        facts["shape_reads"] = {idx.ins(p)[0]: y for p, y in sorted(subs.items())}
+    return _Region(cut.name, tuple(inputs), tuple(outputs), nodes, facts, cut, subs)
+
+
+def _check_overlaps(idx: GraphIndex, regions: Sequence[_Region]) -> None:
+    for i, a in enumerate(regions):
+        for b in regions[i + 1:]:
+            shared = a.nodes & b.nodes
+            if shared:
+                raise SurgeryError(f"cuts '{a.name}' and '{b.name}' overlap: both contain node "
+                                   f"'{idx.label(min(shared))}'")
+
+
+# --- scheduling ---------------------------------------------------------------------------------
+
+
+def _schedule(idx: GraphIndex, regions: Sequence[_Region]) -> dict[int, list]:
+    """Slots in run order: even slots hold engine nodes, odd slots one cut each. Every unit (a plain
+    node or a whole cut) goes to the earliest slot after everything it reads."""
+    owner: dict[int, Any] = {}
+    for k, r in enumerate(regions):
+        owner.update({p: ("cut", k) for p in r.nodes})
+    plain = [i for i, n in enumerate(idx.nodes)
+             if i not in owner and not all(t in idx.const for t in idx.outs(i))]
+    owner.update({p: ("node", p) for p in plain})
+
+    def deps_of(names) -> set:
+        return {owner[p] for n in names if n not in idx.const and (p := idx.producer(n)) is not None}
+
+    deps = {("node", p): deps_of(idx.ins(p)) for p in plain}
+    deps.update({("cut", k): deps_of(r.inputs) for k, r in enumerate(regions)})
+    try:
+        order = list(graphlib.TopologicalSorter(deps).static_order())
+    except graphlib.CycleError as e:
+        cycle = e.args[1]
+        cut = next((regions[u[1]].name for u in cycle if u[0] == "cut"), "?")
+        via = [idx.label(u[1]) for u in cycle if u[0] == "node"]
+        raise SurgeryError(f"cut '{cut}' is not convex: its outputs flow through node '{via[0] if via else '?'}' "
+                           "back into its inputs; widen the cut to include that path") from None
+    slot: dict[Any, int] = {}
+    taken: set[int] = set()
+    for u in order:
+        if u[0] == "node":
+            slot[u] = max([slot[d] + (d[0] == "cut") for d in deps[u]], default=0)
+        else:
+            s = max([slot[d] + (1 if d[0] == "node" else 2) for d in deps[u]], default=1)
+            while s in taken:  # two independent cuts: run them one after the other
+                s += 2
+            taken.add(s)
+            slot[u] = s
+    slots: dict[int, list] = {}
+    for u in order:
+        slots.setdefault(slot[u], []).append(u)
+    return dict(sorted(slots.items()))
+
+
+def _segment_io(idx: GraphIndex, members: set[int], later_reads: set[str]) -> tuple[list[str], list[str]]:
+    ins: dict[str, int] = {}
+    outs: dict[str, int] = {}
+    for p in sorted(members):
+        for t in idx.ins(p):
+            q = idx.producer(t)
+            if t not in idx.const and (q is None or q not in members):
+                ins.setdefault(t, len(ins))
+        for t in idx.outs(p):
+            if t in idx.outputs or t in later_reads:
+                outs.setdefault(t, len(outs))
+    rank_in = {n: i for i, n in enumerate(idx.inputs)}
+    rank_out = {n: i for i, n in enumerate(idx.outputs)}
+    return (sorted(ins, key=lambda n: (rank_in.get(n, len(rank_in)), ins[n])),
+            sorted(outs, key=lambda n: (rank_out.get(n, len(rank_out)), outs[n])))
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Piece:
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    region: _Region | None
+
+
+def _pieces(idx: GraphIndex, regions: Sequence[_Region]) -> list[_Piece]:
+    slots = _schedule(idx, regions)
+    units = list(slots.items())
+    pieces: list[_Piece] = []
+    for n, (s, us) in enumerate(units):
+        if s % 2:
+            r = regions[us[0][1]]
+            pieces.append(_Piece(r.name, list(r.inputs), list(r.outputs), r))
+            continue
+        members = {u[1] for u in us}
+        later = {t for _, vs in units[n + 1:] for u in vs
+                 for t in (regions[u[1]].inputs if u[0] == "cut" else idx.ins(u[1]))}
+        ins, outs = _segment_io(idx, members, later)
+        if not outs:
+            log.debug("dropping %d nodes whose outputs nothing uses", len(members))
+            continue
+        pieces.append(_Piece("", ins, outs, None))
+    segs = [p for p in pieces if p.region is None]
+    for i, p in enumerate(segs):
+        p.name = "segment" if len(segs) == 1 else f"segment_{i}"
+    return pieces
+
+
+def _extract(extractor: onnx.utils.Extractor, piece: _Piece, source: onnx.ModelProto) -> onnx.ModelProto:
+    m = extractor.extract_model(piece.inputs, piece.outputs)
+    m.graph.name = piece.name
+    m.producer_name, m.producer_version = "deepjit", ""
+    m.ir_version = source.ir_version
+    return pin_ir_version(m)
+
+
+def _with_shape_subs(model: onnx.ModelProto, subs: Mapping[int, str]) -> onnx.utils.Extractor:
+    """An extractor over a copy of `model` whose Shape nodes in `subs` read their substitute."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for pos, name in subs.items():
+        assert m.graph.node[pos].op_type == "Shape", "node positions must match GraphSurgeon's import order"
+        m.graph.node[pos].input[0] = name
+    return onnx.utils.Extractor(m)
+
+
+def _sigs(model: onnx.ModelProto, names: Sequence[str]) -> tuple[TensorSig, ...]:
+    infos = value_info_map(model)
+    return tuple(sig_from_value_info(infos[n]) for n in names)
+
+
+def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any]) -> Plan:
+    """Cut `model` as `cuts` say; returns the pipeline's steps in run order."""
+    t0 = time.perf_counter()
+    cuts = list(cuts)
+    _check_cut_names(cuts)
+    inferred = infer_shapes(model)
+    idx = GraphIndex(inferred)
+    regions = [_region_for_cut(idx, c) for c in cuts if c.add is None]
+    _check_overlaps(idx, regions)
+    pieces = _pieces(idx, regions)
+    taken = {c.name for c in cuts} & {p.name for p in pieces if p.region is None}
+    if taken:
+        raise SurgeryError(f"cut name '{sorted(taken)[0]}' is reserved for engine segments; rename the cut")
+
+    names = [n for p in pieces for n in (*p.inputs, *p.outputs)] + idx.inputs + idx.outputs
+    complete, missing = complete_value_info(inferred, names)
+    if missing:
+        owners = [p for p in pieces if missing[0] in (*p.inputs, *p.outputs)]
+        owner = next((p for p in owners if p.region is not None), owners[0] if owners else None)
+        where = (f"cut '{owner.name}'" if owner is not None and owner.region is not None
+                 else f"segment '{owner.name}'" if owner is not None else "the model")
+        raise SurgeryError(f"{where}: cannot infer the dtype and shape of tensor '{missing[0]}' (ONNX shape "
+                           "inference and ONNX Runtime both failed); move the boundary to a tensor whose "
+                           "type is known")
+    complete = canonical_dims(complete, names)
+    extractor = onnx.utils.Extractor(complete)
+    steps: list[Step] = []
+    for p in pieces:
+        subs = p.region.shape_subs if p.region is not None else {}
+        m = _extract(_with_shape_subs(complete, subs) if subs else extractor, p, model)
+        ins, outs = _sigs(complete, p.inputs), _sigs(complete, p.outputs)
+        if p.region is None:
+            steps.append(Segment(p.name, m, ins, outs))
+        else:
+            facts = {**p.region.facts, "inputs": [s.to_dict() for s in ins], "outputs": [s.to_dict() for s in outs],
+                     "nodes": len(p.region.nodes), "ops": _ops(m)}
+            steps.append(KernelSite(p.name, m, ins, outs, facts, tuple(p.region.cut.kernels)))
+    plan_in = list(_sigs(complete, idx.inputs))
+    plan_out = list(_sigs(complete, idx.outputs))
+    before, after = _added_stages(idx, cuts, plan_in, plan_out)
+    plan = Plan((*before, *steps, *after), tuple(plan_in), tuple(plan_out))
+    log.info("surgery: %d steps (%s) in %.2f s", len(plan.steps),
+             ", ".join(f"{s.kind} {s.name}" for s in plan.steps), time.perf_counter() - t0)
+    return plan
+
+
+def _check_cut_names(cuts: Sequence[Any]) -> None:
+    seen = set()
+    for c in cuts:
+        if c.name in seen:
+            raise SurgeryError(f"two cuts are named '{c.name}'; cut names must be unique")
+        seen.add(c.name)
+        if c.add is not None and c.add not in ("before", "after"):
+            raise SurgeryError(f"cut '{c.name}': add must be 'before' or 'after', got {c.add!r}")
+
+
+# --- added stages -------------------------------------------------------------------------------
+
+
+def _contract(cut) -> str:
+    if not cut.kernels:
+        raise SurgeryError(f"added stage '{cut.name}' needs a kernel: 'letterbox' (before) or 'nms' (after)")
+    return Path(str(cut.kernels[0].contract)).name.removesuffix(".yaml")
+
+
+def _added_stages(idx: GraphIndex, cuts, plan_in: list[TensorSig], plan_out: list[TensorSig]):
+    before, after, used = [], [], {}
+    for cut in (c for c in cuts if c.add is not None):
+        if cut.at in used:
+            raise SurgeryError(f"added stages '{used[cut.at]}' and '{cut.name}' both attach at '{cut.at}'")
+        used[cut.at] = cut.name
+        kind = _contract(cut)
+        params = dict(cut.kernels[0].params or {})
+        if cut.add == "before":
+            if cut.at not in idx.inputs:
+                raise SurgeryError(f"added stage '{cut.name}': `at: {cut.at}` is not a model input{closest(cut.at, idx.inputs)}; "
+                                   f"inputs: {idx.inputs}")
+            if kind != "letterbox":
+                raise SurgeryError(f"added stage '{cut.name}': no reference for kernel '{kind}' before the model; "
+                                   "supported: 'letterbox'")
+            stage = _letterbox_stage(idx, cut, params, plan_in[idx.inputs.index(cut.at)])
+            before.append(stage)
+            i = [s.name for s in plan_in].index(cut.at)
+            plan_in[i:i + 1] = stage.inputs
+            plan_out.extend(s for s in stage.outputs if s.name != cut.at)
+        else:
+            if cut.at not in idx.outputs:
+                raise SurgeryError(f"added stage '{cut.name}': `at: {cut.at}` is not a model output{closest(cut.at, idx.outputs)}; "
+                                   f"outputs: {idx.outputs}")
+            if kind != "nms":
+                raise SurgeryError(f"added stage '{cut.name}': no reference for kernel '{kind}' after the model; "
+                                   "supported: 'nms'")
+            stage = _nms_stage(idx, cut, params, plan_out[idx.outputs.index(cut.at)])
+            after.append(stage)
+            i = [s.name for s in plan_out].index(cut.at)
+            plan_out[i:i + 1] = stage.outputs
+    return before, after
+
+
+def _new_names_free(idx: GraphIndex, cut, ref: onnx.ModelProto, keep: str) -> None:
+    for vi in (*ref.graph.input, *ref.graph.output):
+        if vi.name != keep and vi.name in idx.tensors:
+            raise SurgeryError(f"added stage '{cut.name}' produces tensor '{vi.name}', but the model already has one")
+
+
+def _ref_sigs(ref: onnx.ModelProto) -> tuple[tuple[TensorSig, ...], tuple[TensorSig, ...]]:
+    return (tuple(sig_from_value_info(v) for v in ref.graph.input),
+            tuple(sig_from_value_info(v) for v in ref.graph.output))
+
+
+def _letterbox_stage(idx: GraphIndex, cut, params: dict, images: TensorSig) -> AddedStage:
+    p = _stage_params(cut, references.letterbox_params, params)
+    if images.dtype != p["dtype"]:
+        raise SurgeryError(f"added stage '{cut.name}': letterbox dtype '{p['dtype']}' does not match model "
+                           f"input '{images.name}' ({images.dtype}); set params.dtype: {images.dtype}")
+    shape = images.shape
+    if len(shape) != 4 or shape[1] != 3 or any(isinstance(d, int) and d != p["size"] for d in shape[2:]):
+        raise SurgeryError(f"added stage '{cut.name}': letterbox makes [B, 3, {p['size']}, {p['size']}] but model "
+                           f"input '{images.name}' is {list(shape)}; set params.size to the model's input size")
+    ref = references.letterbox_reference(**p, output_name=cut.at)
+    _new_names_free(idx, cut, ref, cut.at)
+    ins, outs = _ref_sigs(ref)
+    outs = tuple(images if s.name == cut.at else s for s in outs)  # the model's own, more precise
+    return AddedStage(cut.name, "before", ref, ins, outs, p, tuple(cut.kernels))
+
+
+def _nms_stage(idx: GraphIndex, cut, params: dict, det: TensorSig) -> AddedStage:
+    p = _stage_params(cut, references.nms_params, params)
+    if det.dtype != "float32" or len(det.shape) != 3 or not isinstance(det.shape[1], int) or det.shape[1] < 5:
+        raise SurgeryError(f"added stage '{cut.name}': nms needs detections float32 [B, 4 + nc, anchors] with a "
+                           f"fixed 4 + nc, but '{det.name}' is {det.dtype} {list(det.shape)}")
+    ref = references.nms_reference(det.shape[1] - 4, **p, input_name=cut.at)
+    _new_names_free(idx, cut, ref, cut.at)
+    _, outs = _ref_sigs(ref)
+    return AddedStage(cut.name, "after", ref, (det,), outs, {**p, "num_classes": det.shape[1] - 4}, tuple(cut.kernels))
+
+
+def _stage_params(cut, check, params: dict) -> dict:
+    try:
+        return check(params)
+    except SurgeryError as e:
+        raise SurgeryError(f"added stage '{cut.name}': {e}") from None
