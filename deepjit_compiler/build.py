@@ -1,13 +1,20 @@
-"""The build: the only module that knows the order of the stages."""
+"""The build: the only module that knows the order of the stages.
+
+model -> surgery -> graph level (reassembly) -> precision (+ its level) -> kernels (NVRTC) ->
+engines -> GPU levels when a GPU is here -> gate -> bundle (or rejected/) -> publish.
+"""
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import GateFailed
+from .gate import GateReport
 from .log import StageTimes
-from .modelsource import check_inputs, resolve_model
+from .modelsource import ResolvedModel, check_inputs, resolve_model
 from .spec import LoadedSpec, load_spec
 
 log = logging.getLogger("deepjit.build")
@@ -18,50 +25,159 @@ class BuildResult:
     """What a build did, for the terminal and for `--json`."""
 
     spec: LoadedSpec
-    model_path: Path
-    model_sha256: str
-    synthesized: bool
-    stages: list[dict[str, Any]] = field(default_factory=list)
+    model: ResolvedModel
+    plan: Any = None
     times: StageTimes = field(default_factory=StageTimes)
-    gate_failed: bool = False
+    report: GateReport = field(default_factory=GateReport)
+    decision: Any = None
+    kernels: dict[str, list] = field(default_factory=dict)
+    bundle: Any = None
+    published: Any = None
+    rejected: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gate_failed(self) -> bool:
+        return self.rejected is not None
 
     def to_dict(self) -> dict[str, Any]:
         s = self.spec.spec
         return {
             "name": s.name,
             "spec": str(self.spec.path),
-            "model": {"path": str(self.model_path), "sha256": self.model_sha256, "synthesized": self.synthesized},
+            "model": {"path": str(self.model.path), "sha256": self.model.sha256, "synthesized": self.model.synthesized},
             "target": {"gpu": s.target.gpu, "sm": s.target.resolved_sm},
-            "stages": self.stages,
+            "plan": self.plan.summary() if self.plan is not None else None,
+            "engine": None if self.decision is None else {"backend": self.decision.backend,
+                                                          "deferred": self.decision.deferred,
+                                                          "reason": self.decision.reason},
+            "kernels": {stage: [k.manifest() | {"from_cache": k.from_cache} for k in ks]
+                        for stage, ks in self.kernels.items()},
+            "validation": self.report.to_record(),
+            "bundle": None if self.bundle is None else {"path": str(self.bundle.path), "digest": self.bundle.digest},
+            "rejected": str(self.rejected) if self.rejected else None,
+            "published": None if self.published is None else {"ref": self.published.ref,
+                                                              "digest": self.published.digest},
             "seconds": self.times.seconds,
             "gate_failed": self.gate_failed,
+            "notes": self.notes,
         }
 
 
-def planned_stages(loaded: LoadedSpec) -> list[dict[str, Any]]:
-    """The pipeline's stages as the spec declares them, in run order."""
-    s = loaded.spec
-    before = [c for c in s.cuts if c.add == "before"]
-    after = [c for c in s.cuts if c.add == "after"]
-    inside = [c for c in s.cuts if c.add is None]
-
-    def kernel_stage(cut, where):
-        return {"stage": cut.name, "kind": "kernel", "where": where,
-                "kernels": [k.contract for k in cut.kernels],
-                "boundary": cut.preset or (f"{cut.add} {cut.at}" if cut.add else f"{cut.inputs} -> {cut.outputs}")}
-
-    return ([kernel_stage(c, "added before the model") for c in before]
-            + [{"stage": "engine", "kind": "engine", "backend": s.engine.backend, "precision": s.engine.precision}]
-            + [kernel_stage(c, "cut out of the model") for c in inside]
-            + [kernel_stage(c, "added after the model") for c in after])
-
-
 def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: bool = True) -> BuildResult:
+    """Build the pipeline a spec describes; raises GateFailed (exit 1) after writing a rejected bundle."""
     loaded = load_spec(spec_path)
+    spec = loaded.spec
     times = StageTimes()
     with times.stage("model"):
         resolved = resolve_model(loaded)
         check_inputs(loaded, resolved.model)
-    result = BuildResult(loaded, resolved.path, resolved.sha256, resolved.synthesized, times=times)
-    result.stages = planned_stages(loaded)
+    result = BuildResult(loaded, resolved, times=times)
+    from .surgery import plan_from_model
+
+    with times.stage("surgery"):
+        result.plan = plan = plan_from_model(resolved.model, spec.cuts)
+    if dry_run:
+        return result
+
+    from . import levels
+
+    feeds = levels.feeds_for(spec, plan)
+    with times.stage("graph"):
+        report = GateReport().with_levels(levels.graph_level(spec, plan, resolved.model))
+    with times.stage("precision"):
+        segments, precision_level = levels.precision_stage(spec, plan, resolved.model, feeds)
+        report = report.with_levels(precision_level)
+    with times.stage("kernels"):
+        result.kernels = compile_kernels(loaded, plan)
+    from .engines import EngineSettings, decide, engine_from_segment
+
+    settings = EngineSettings.from_spec(spec)
+    with times.stage("engines"):
+        result.decision = decide(settings)
+        result.notes.append(f"engine: {result.decision.backend}"
+                            f"{' (deferred to the target)' if result.decision.deferred else ''}: {result.decision.reason}")
+        workdir = spec.bundle.path.parent / ".deepjit-work"
+        artifacts = [engine_from_segment(name, model, settings, result.decision, workdir=workdir,
+                                         timing_cache=spec.engine.timing_cache) for name, model in segments.items()]
+    report = report.with_levels(levels.engine_level(result.decision, artifacts))
+
+    from .assemble import bundle_files, bundle_manifest
+
+    files = bundle_files(loaded, resolved, plan, segments, result.kernels, artifacts)
+    manifest = bundle_manifest(loaded, resolved, plan, result.kernels, settings, result.decision, artifacts, report)
+    with times.stage("bundle"):
+        result.bundle, report = _write_and_validate(spec, files, manifest, report)
+    result.report = report
+    _write_report(result)
+    if not report.passed and spec.validation.gate:
+        result.rejected = result.bundle.path
+        raise GateFailed("accuracy gate failed; bundle written to " + str(result.bundle.path) + " with its report:\n  "
+                         + "\n  ".join(report.failures()), report)
+    if publish and spec.publish is not None:
+        from .publish import publish as push
+
+        with times.stage("publish"):
+            result.published = push(result.bundle.path, spec.publish.store, spec.publish.tag, spec.publish.require)
     return result
+
+
+def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
+    """NVRTC for every kernel of every cut and added stage: cubin for the target SM + PTX, cached."""
+    from .nvrtc import compile_site_kernels
+
+    spec = loaded.spec
+    out = {}
+    for step in (*plan.sites, *plan.added):
+        # A site's facts (what the preset found) or an added stage's params fill in inferable params.
+        facts = step.facts if step.kind == "kernel" else step.params
+        out[step.name] = compile_site_kernels(
+            [(k.contract, k.params) for k in step.kernels], facts,
+            sm=spec.target.resolved_sm, options=spec.compile.options, fast_math=spec.compile.fast_math,
+            debug=spec.compile.debug, cache_dir=spec.compile.cache_dir, spec_dir=loaded.folder)
+    return out
+
+
+def _write_and_validate(spec, files, manifest, report: GateReport):
+    """Write the bundle into a staging folder, run the GPU levels there when a GPU is present, then
+    move it to the bundle path if the gate passes, or under rejected/ if it fails."""
+    from .archive import replace_dir
+    from .bundle import write_bundle
+
+    from . import levels
+    from .engines import local_device_sm
+
+    dest = spec.bundle.path
+    staging = dest.parent / f".{dest.name}.staging"
+    if local_device_sm() is None:
+        report = report.with_levels(*levels.gpu_levels(None, spec))
+        manifest = {**manifest, "validation": report.to_record()}
+    info = write_bundle(staging, files, manifest)
+    if local_device_sm() is not None:
+        from .bundle import update_bundle
+
+        report = report.with_levels(*levels.gpu_levels(info.path, spec))
+        info = update_bundle(info.path, {}, {"validation": report.to_record()})
+    final = dest if report.passed or not spec.validation.gate else dest.parent / "rejected" / dest.name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", ".tar.gz"):
+        src, dst = Path(f"{info.path}{suffix}"), Path(f"{final}{suffix}")
+        if suffix:
+            src.replace(dst)
+        else:
+            replace_dir(src, dst)
+    from .bundle import read_bundle
+
+    bundle = read_bundle(final)
+    info = type(info)(final, Path(f"{final}.tar.gz"), bundle.digest, bundle.manifest)
+    return info, report
+
+
+def _write_report(result: BuildResult) -> None:
+    """build-report.json beside the bundle: timings and everything that must not be in the manifest."""
+    path = Path(f"{result.bundle.path}.report") / "build-report.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+

@@ -21,16 +21,38 @@ def print_build(result) -> None:
     out.print(f"[bold]{d['name']}[/bold]: target {d['target']['gpu'] or ''} sm_{d['target']['sm']}")
     out.print(f"model {model['path']} (sha256 {model['sha256'][:12]}…"
               + (", synthesized" if model["synthesized"] else "") + ")")
-    table = Table(title="pipeline stages, in run order")
-    for col in ("#", "stage", "kind", "what"):
-        table.add_column(col)
-    for i, st in enumerate(d["stages"], 1):
-        what = (f"{st['backend']} engine, {st['precision']}" if st["kind"] == "engine"
-                else f"{', '.join(st['kernels'])} — {st['where']} ({st['boundary']})")
-        table.add_row(str(i), st["stage"], st["kind"], what)
-    out.print(table)
-    for line in d.get("notes", []):
+    steps = Table(title="pipeline, in run order")
+    for col in ("#", "step", "kind", "inputs -> outputs", "runs on"):
+        steps.add_column(col)
+    for i, st in enumerate(d["plan"] or [], 1):
+        runs = ", ".join(st.get("kernels", [])) or (d["engine"] or {}).get("backend", "engine")
+        steps.add_row(str(i), st["name"], st["kind"], f"{len(st['inputs'])} -> {', '.join(t['name'] for t in st['outputs'])}",
+                      runs)
+    out.print(steps)
+    for line in d["notes"]:
         out.print(line)
+    for stage, ks in d["kernels"].items():
+        for k in ks:
+            out.print(f"kernel {stage}/{k['contract']}: {k['arch']} cubin + {k['ptx_arch']} PTX, NVRTC {k['nvrtc_version']}"
+                      f"{' (compile cache hit)' if k['from_cache'] else ''}")
+    if d["plan"] is not None and not d["kernels"] and d["bundle"] is None:
+        out.print("dry run: nothing built")
+        return
+    levels = Table(title="validation")
+    for col in ("level", "status", "detail"):
+        levels.add_column(col)
+    style = {"passed": "green", "failed": "bold red", "not_run": "yellow"}
+    for name, lv in d["validation"]["levels"].items():
+        detail = lv.get("reason", "")
+        for out_name, o in lv.get("outputs", {}).items():
+            detail += f"\n{out_name}: " + (o["detail"] or f"max abs {o['max_abs']:.3g}, median abs {o['median_abs']:.3g}")
+        levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", detail.strip())
+    out.print(levels)
+    if d["bundle"]:
+        where = "REJECTED, written to" if d["rejected"] else "bundle"
+        out.print(f"{where} {d['bundle']['path']} ({d['bundle']['digest']})")
+    if d["published"]:
+        out.print(f"published {d['published']['ref']}")
 
 
 @dataclass(frozen=True)

@@ -234,17 +234,33 @@ class Data(_Model):
         return self
 
 
+class DetectionTolerance(_Model):
+    """NMS outputs are compared as sets: a reference detection matches one of the same class."""
+
+    min_iou: float = Field(0.99, gt=0, le=1)
+    score_atol: float = Field(1e-3, ge=0)
+    count_tolerance: int = Field(0, ge=0, description="detections per image that may be missing or extra")
+    unmatched_fraction: float = Field(0.0, ge=0, le=1, description="or this fraction of them, when larger")
+
+
 class Tolerances(_Model):
     default: Tolerance = Tolerance()
     outputs: dict[str, Tolerance] = Field(default_factory=dict)
+    detections: DetectionTolerance = DetectionTolerance()
 
 
 class Validation(_Model):
     reference: Literal["onnxruntime"] = "onnxruntime"
     samples: int = Field(2, ge=1)
     seed: int = 0
+    batch: int = Field(2, ge=1, description="batch size of the random samples (clamped to the profile)")
     data: Data = Data(random=RandomData())
-    tolerances: Tolerances = Tolerances()
+    tolerances: Tolerances = Field(Tolerances(), description="kernels, end_to_end and engine levels")
+    precision_tolerances: Tolerances = Field(
+        Tolerances(default=Tolerance(atol=0.05, rtol=0.05, check_error_stat="median"),
+                   detections=DetectionTolerance(min_iou=0.9, score_atol=0.05, count_tolerance=2,
+                                              unmatched_fraction=0.05)),
+        description="the precision level: the rewritten engine segments against fp32")
     gate: bool = True
 
 
@@ -256,6 +272,14 @@ class Publish(_Model):
     store: str = Field(pattern=r"^(file|oci)://.+", description="file://PATH or oci://HOST[:PORT]/REPO")
     tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
     require: list[Literal[LEVELS]] = Field(default_factory=lambda: ["graph", "precision"])  # type: ignore[valid-type]
+
+    @field_validator("store")
+    @classmethod
+    def _resolve_file_store(cls, url: str, info: ValidationInfo) -> str:
+        """file:// paths are relative to the spec's folder, like every other path in it."""
+        if url.startswith("file://"):
+            return "file://" + str(_resolve(Path(url[len("file://"):]), info))
+        return url
 
 
 class Spec(_Model):

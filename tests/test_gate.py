@@ -97,3 +97,5 @@ def test_detections_fail_on_class_or_count_change():
     m = match_detections(ref, fewer)
     assert not m.passed and m.matched == 4
     assert match_detections(ref, fewer, count_tolerance=1).passed
+    assert not match_detections(ref, fewer, unmatched_fraction=0.1).passed  # 10 % of 5 rounds down to 0
+    assert match_detections(ref, fewer, unmatched_fraction=0.2).passed

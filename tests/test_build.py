@@ -1,0 +1,80 @@
+"""`deepjit build` end to end on the CPU: surgery, graph + precision levels, kernels, bundle, gate, publish."""
+import json
+
+import pytest
+
+from deepjit_compiler.build import build_pipeline
+from deepjit_compiler.bundle import read_bundle
+from deepjit_compiler.errors import GateFailed, StoreError
+
+from conftest import run_cli
+
+N = {"path: ../models/yolov8s.onnx": "path: models/yolov8n.onnx", "synthesize: yolov8s": "synthesize: yolov8n",
+     "file://../build/store": "file://store", "path: ../build/yolov8s_t4": "path: out/yolov8n_t4"}
+
+
+def _spec(write_spec, **extra):
+    return write_spec({**N, **extra})
+
+
+def test_build_writes_validated_reproducible_bundle(write_spec, tmp_path):
+    spec = _spec(write_spec)
+    result = build_pipeline(spec)
+    bundle = read_bundle(tmp_path / "out/yolov8n_t4")
+    m = bundle.manifest
+    levels = m["validation"]["levels"]
+    assert levels["graph"]["status"] == "passed" and levels["precision"]["status"] == "passed"
+    assert all(o["detail"] == "bit-identical" for o in levels["graph"]["outputs"].values())
+    assert levels["precision"]["outputs"]["output0"]["max_abs"] > 0  # fp16 costs something, and it is measured
+    assert levels["kernels"]["status"] == levels["end_to_end"]["status"] == levels["engine"]["status"] == "not_run"
+    assert "no GPU" in levels["kernels"]["reason"]
+    assert m["target"] == {"gpu": "T4", "sm": 75}
+    assert [s["kind"] for s in m["plan"]["steps"]] == ["segment", "kernel", "added"]
+    for step in m["plan"]["steps"][1:]:
+        for k in step["kernels"]:
+            assert k["arch"] == "sm_75" and k["ptx_arch"] == "compute_75"
+            assert bundle.file(k["files"]["cubin"]).read_bytes()[:4] == b"\x7fELF"
+            assert ".target sm_75" in bundle.file(k["files"]["ptx"]).read_text()
+    assert "/tmp/" not in json.dumps(m) and str(tmp_path) not in json.dumps(m)
+    digest = result.bundle.digest
+    first_tar = (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes()
+    again = build_pipeline(spec, publish=False)
+    assert again.bundle.digest == digest
+    assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == first_tar
+    assert all(k.from_cache for ks in again.kernels.values() for k in ks)  # the second build hits the cache
+    assert result.published.digest == digest
+
+
+def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
+    strict = ("  gate: true", "  precision_tolerances:\n    default: {atol: 0.0, rtol: 0.0}\n"
+              "    detections: {min_iou: 1.0, score_atol: 0.0}\n  gate: true")
+    spec = _spec(write_spec, **{strict[0]: strict[1]})
+    r = run_cli("build", str(spec))
+    assert r.returncode == 1, r.stderr
+    assert "accuracy gate failed" in r.stderr and "precision: output0: max abs" in r.stderr
+    assert not (tmp_path / "out/yolov8n_t4").exists() and not (tmp_path / "out/yolov8n_t4.tar.gz").exists()
+    rejected = read_bundle(tmp_path / "out/rejected/yolov8n_t4")
+    assert rejected.manifest["validation"]["levels"]["precision"]["status"] == "failed"
+    assert (tmp_path / "out/rejected/yolov8n_t4.report/build-report.json").exists()
+    assert not (tmp_path / "store").exists()  # nothing published
+
+
+def test_publish_refused_by_policy(write_spec, tmp_path):
+    spec = _spec(write_spec, **{"require: [graph, precision]": "require: [graph, precision, kernels]"})
+    with pytest.raises(StoreError, match="kernels"):
+        build_pipeline(spec)
+    assert read_bundle(tmp_path / "out/yolov8n_t4").digest  # the bundle is fine, only the push is refused
+
+
+@pytest.mark.parametrize("layout,dynamic", [("split", False), ("separate", True)])
+def test_dry_run_json_plan_both_layouts(write_spec, layout, dynamic):
+    extra = {"head_layout: separate": f"head_layout: {layout}", "dynamic: false": f"dynamic: {str(dynamic).lower()}"}
+    if dynamic:
+        extra.update({"shape: [batch, 3, 640, 640]": "shape: [batch, 3, height, width]",
+                      "max: [8, 3, 640, 640]": "max: [8, 3, 1280, 1280]", "min: [1, 3, 640, 640]": "min: [1, 3, 320, 320]"})
+    r = run_cli("build", str(_spec(write_spec, **extra)), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)["plan"]
+    decode = next(s for s in plan if s["name"] == "decode")
+    assert decode["facts"]["head_layout"] == layout and decode["facts"]["num_classes"] == 80
+    assert [t["name"] for t in plan[-1]["outputs"]] == ["num_dets", "boxes", "scores", "classes"]
