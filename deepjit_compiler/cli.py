@@ -87,6 +87,38 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("bundle", type=EXISTING)
+@click.option("--json", "as_json", is_flag=True)
+def validate(bundle: Path, as_json: bool) -> None:
+    """Re-run the validation levels this machine can run (kernels, end_to_end on a GPU) and record them."""
+    from .validate import validate_bundle
+
+    updated, levels = validate_bundle(bundle)
+    record = updated.manifest["validation"]
+    if as_json:
+        _emit_json(record)
+    else:
+        for name, level in record["levels"].items():
+            click.echo(f"{name:11} {level['status']:8} {level.get('reason', '')}")
+    if any(level.status == "failed" for level in levels):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("bundle", type=EXISTING)
+@click.option("--timing-cache", type=click.Path(path_type=Path), help="TensorRT timing cache to load and save.")
+def materialize(bundle: Path, timing_cache: Path | None) -> None:
+    """Build BUNDLE's deferred TensorRT plans on this (target) GPU, check and record them."""
+    from .materialize import materialize_bundle
+
+    info, report = materialize_bundle(bundle, timing_cache=timing_cache)
+    click.echo(f"materialized {info.path} ({info.digest})")
+    if not report.passed:
+        click.echo("\n".join(report.failures()), err=True)
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("bundle", type=EXISTING)
 @click.argument("ref")
 @click.option("--force", is_flag=True, help="Move an existing tag that points at different content.")
 @click.option("--json", "as_json", is_flag=True)

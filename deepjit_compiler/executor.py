@@ -52,8 +52,13 @@ class PlanRunner:
 
 def reference_model(plan: Plan, original: onnx.ModelProto) -> onnx.ModelProto:
     """The original model with the added stages' references composed before and after it."""
+    return compose_reference(original, plan.added)
+
+
+def compose_reference(original: onnx.ModelProto, added) -> onnx.ModelProto:
+    """`added`: stages with .position, .reference (ONNX), .inputs and .outputs (objects with .name)."""
     model = original
-    for stage in plan.added:
+    for stage in added:
         ref = stage.reference
         if stage.position == "before":
             io = [(o.name, o.name) for o in stage.outputs]
