@@ -1,0 +1,316 @@
+"""Benchmark (not a test): YOLOv8 post-processing on the GPU, DeepJIT against the usual ways.
+
+    python3 bench/postprocess.py [--batches 1 8 32] [--iters 200] [--append bench/RESULTS.md] [--json out.json]
+
+Methods, all on the same seeded head maps (per-level box [B, 64, H, W] and class [B, 80, H, W] at
+640x640, a few percent of anchors above 0.25):
+  deepjit-plain   decode (candidates) + nms kernels, two plain launches per inference
+  deepjit-graph   the same two kernels replayed from one CUDA graph
+  torch-eager     the way ultralytics users run it: Detect-head decode in PyTorch eager, then
+                  non_max_suppression with torchvision.ops.batched_nms, all on the GPU
+  onnxrt-cpu      ONNX Runtime (CPU) on the references: the cut decode subgraph + nms_reference
+
+Columns: GPU median / p95 per inference from device events (DeepJIT's inferences are queued
+behind a sleep kernel, so they run back to back and the events time the GPU alone; torch syncs
+inside NMS, so its events also hold the host's stalls), the host's wall time per inference with a
+sync after each, and device kernel launches per inference (torch: counted by torch.profiler).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from deepjit_compiler import gpu as gpu_mod  # noqa: E402
+from deepjit_compiler.kernel_launch import Postprocess, decode_input_names  # noqa: E402
+from deepjit_compiler.nvrtc import compile_site_kernel, nvrtc_version  # noqa: E402
+
+NC, REG, STRIDES, SIZE = 80, 16, (8, 16, 32), 640
+CONF, IOU, MAX_DET = 0.25, 0.45, 300
+ROTATE = 4  # input sets cycled through, so repeated runs do not just re-read L2
+
+
+def head_maps(rng: np.random.Generator, batch: int) -> list[dict[str, np.ndarray]]:
+    """Class logits low except 3x3 patches around ~33 objects per image; DFL logits biased low."""
+    levels = []
+    for s in STRIDES:
+        n = SIZE // s
+        box = np.tile(-0.6 * np.arange(REG), 4)[None, :, None, None] + rng.normal(0, 1, (batch, 4 * REG, n, n))
+        levels.append({"box": box.astype(np.float32), "cls": rng.normal(-6, 1.2, (batch, NC, n, n)).astype(np.float32)})
+    for b in range(batch):
+        for _ in range(8400 // 250):
+            lv = levels[rng.choice(3, p=[0.7, 0.2, 0.1])]
+            n = lv["cls"].shape[2]
+            y, x, c = rng.integers(0, n), rng.integers(0, n), rng.integers(0, NC)
+            patch = lv["cls"][b, c, max(0, y - 1):y + 2, max(0, x - 1):x + 2]
+            patch[...] = rng.normal(0.8, 1.2, patch.shape)
+    return levels
+
+
+def decode_site():
+    """The decode kernel site (facts and reference subgraph) of a synthetic YOLOv8n, from surgery."""
+    from deepjit_compiler.surgery import CutRequest, KernelRequest, plan_from_model
+    from deepjit_compiler.synth import synthesize_yolov8
+
+    plan = plan_from_model(synthesize_yolov8("yolov8n", seed=0),
+                           [CutRequest("decode", preset="yolov8_decode", kernels=[KernelRequest("yolov8_decode")])])
+    return plan.sites[0]
+
+
+def stats(us: list[float]) -> tuple[float, float]:
+    return float(np.median(us)), float(np.percentile(us, 95))
+
+
+# --- DeepJIT --------------------------------------------------------------------------------------
+
+
+def queued_gpu_us(gpu, torch, step, iters: int) -> list[float]:
+    """GPU time of each of `iters` steps run back to back: a sleep kernel holds the stream while the
+    host queues them all, so host launch overhead does not show."""
+    for k in range(20):  # warm-up
+        step(k)
+    gpu.sync()
+    events = [gpu.event() for _ in range(iters + 1)]
+    with torch.cuda.stream(torch.cuda.ExternalStream(int(gpu.cu_stream))):
+        torch.cuda._sleep(int(2e8))  # ~0.1 s of GPU time
+    for k in range(iters):
+        gpu.record(events[k])
+        step(k)
+    gpu.record(events[iters])
+    out = [1e3 * gpu.elapsed_ms(events[k], events[k + 1]) for k in range(iters)]
+    for e in events:
+        gpu.destroy_event(e)
+    return out
+
+
+def wall_us(gpu, step, iters: int) -> list[float]:
+    """Host wall time per step with a sync after each (launch overhead included)."""
+    out = []
+    for k in range(iters):
+        t0 = time.perf_counter()
+        step(k)
+        gpu.sync()
+        out.append(1e6 * (time.perf_counter() - t0))
+    return out
+
+
+def bench_deepjit(gpu, decode, nms, site_facts, inputs_sets, iters: int, torch) -> dict[str, dict]:
+    posts = []
+    for maps in inputs_sets:
+        host = {f"{r}_{i}": lv[r] for i, lv in enumerate(maps) for r in ("box", "cls")}
+        posts.append(Postprocess(gpu, decode, nms, {k: gpu.upload(v) for k, v in host.items()}))
+    assert set(decode_input_names(site_facts)) == set(posts[0].inputs)
+    launches = posts[0].launch()
+    gpu.sync()
+    graphs = [gpu.capture(p.launch) for p in posts]
+    out = {}
+    for mode, step in (("deepjit-plain", lambda k: posts[k % ROTATE].launch()),
+                       ("deepjit-graph", lambda k: graphs[k % ROTATE].replay())):
+        out[mode] = {"gpu_us": stats(queued_gpu_us(gpu, torch, step, iters)),
+                     "wall_us": stats(wall_us(gpu, step, min(iters, 100))),
+                     "kernels": launches if mode.endswith("plain") else f"{launches} (1 graph)"}
+    dets = posts[0].results()["num_dets"].tolist()
+
+    # Breakdown: the decode alone (its counters zeroed by a memset node each replay), and the nms
+    # alone on the candidates one decode left (their count restored by a copy node each replay).
+    def decode_alone(p):
+        gpu.fill(p.candidates["cand_count"], 0)
+        p.gpu.launch_with(p.plan[0].config, p.plan[0].function, *p.plan[0].args)
+
+    saved = []
+    for p in posts:
+        decode_alone(p)
+        saved.append(gpu.empty(p.candidates["cand_count"].shape, np.int32))
+        gpu.copy(saved[-1], p.candidates["cand_count"])
+    gpu.sync()
+
+    def nms_alone(p, s):
+        gpu.copy(p.candidates["cand_count"], s)
+        p.gpu.launch_with(p.plan[1].config, p.plan[1].function, *p.plan[1].args)
+
+    dgraphs = [gpu.capture(lambda p=p: decode_alone(p)) for p in posts]
+    ngraphs = [gpu.capture(lambda p=p, s=s: nms_alone(p, s)) for p, s in zip(posts, saved)]
+    for mode, gs in (("deepjit decode alone (graph + memset)", dgraphs), ("deepjit nms alone (graph + copy)", ngraphs)):
+        out[mode] = {"gpu_us": stats(queued_gpu_us(gpu, torch, lambda k, gs=gs: gs[k % ROTATE].replay(), iters)),
+                     "wall_us": None, "kernels": 1}
+    out["_dets"] = dets
+    return out
+
+
+# --- PyTorch eager, as ultralytics runs it ----------------------------------------------------------
+
+
+def torch_postprocess(torch, torchvision):
+    import torch.nn.functional as F
+
+    proj = torch.arange(REG, dtype=torch.float32, device="cuda").view(1, REG, 1, 1)
+    cache = {}
+
+    def make_anchors(feats):  # ultralytics.utils.tal.make_anchors, cached by shape like Detect does
+        key = tuple(f.shape[2:] for f in feats)
+        if key not in cache:
+            pts, strides = [], []
+            for f, s in zip(feats, STRIDES):
+                h, w = f.shape[2:]
+                sy, sx = torch.meshgrid(torch.arange(h, device="cuda") + 0.5, torch.arange(w, device="cuda") + 0.5,
+                                        indexing="ij")
+                pts.append(torch.stack((sx, sy), -1).view(-1, 2))
+                strides.append(torch.full((h * w, 1), s, dtype=torch.float32, device="cuda"))
+            cache[key] = (torch.cat(pts).transpose(0, 1), torch.cat(strides).transpose(0, 1))
+        return cache[key]
+
+    def decode(feats):  # Detect._inference + DFL + dist2bbox(xywh=True)
+        b = feats[0].shape[0]
+        x = torch.cat([f.view(b, 4 * REG + NC, -1) for f in feats], 2)
+        anchors, strides = make_anchors(feats)
+        box, cls = x.split((4 * REG, NC), 1)
+        a = box.shape[-1]
+        dist = F.conv2d(box.view(b, 4, REG, a).transpose(2, 1).softmax(1), proj).view(b, 4, a)
+        lt, rb = dist.chunk(2, 1)
+        x1y1, x2y2 = anchors.unsqueeze(0) - lt, anchors.unsqueeze(0) + rb
+        dbox = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * strides
+        return torch.cat((dbox, cls.sigmoid()), 1)
+
+    def nms(pred):  # ultralytics.utils.ops.non_max_suppression, multi_label=False
+        xc = pred[:, 4:].amax(1) > CONF
+        pred = pred.transpose(-1, -2)
+        xy, wh = pred[..., :2], pred[..., 2:4] / 2
+        pred = torch.cat((xy - wh, xy + wh, pred[..., 4:]), -1)
+        output = []
+        for xi, x in enumerate(pred):
+            x = x[xc[xi]]
+            box, cls = x.split((4, NC), 1)
+            conf, j = cls.max(1, keepdim=True)
+            x = torch.cat((box, conf, j.float()), 1)[conf.view(-1) > CONF]
+            keep = torchvision.ops.batched_nms(x[:, :4], x[:, 4], x[:, 5].long(), IOU)[:MAX_DET]
+            output.append(x[keep])
+        return output
+
+    return lambda feats: nms(decode(feats))
+
+
+def bench_torch(torch, torchvision, input_sets, iters: int) -> dict:
+    run = torch_postprocess(torch, torchvision)
+    feats = [[torch.cat([torch.from_numpy(lv["box"]), torch.from_numpy(lv["cls"])], 1).cuda() for lv in maps]
+             for maps in input_sets]
+    for k in range(10):
+        run(feats[k % ROTATE])
+    torch.cuda.synchronize()
+    gpu_us, wall = [], []
+    for k in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        run(feats[k % ROTATE])
+        end.record()
+        end.synchronize()
+        wall.append(1e6 * (time.perf_counter() - t0))
+        gpu_us.append(1e3 * start.elapsed_time(end))
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run(feats[0])
+        torch.cuda.synchronize()
+    kernels = sum(1 for e in prof.events() if str(e.device_type).endswith("CUDA") and not e.name.startswith(("Memcpy", "Memset")))
+    dets = [len(d) for d in run(feats[0])]
+    return {"gpu_us": stats(gpu_us), "wall_us": stats(wall), "kernels": kernels, "_dets": dets}
+
+
+# --- ONNX Runtime CPU on the references -------------------------------------------------------------
+
+
+def bench_onnxrt(site, input_sets, iters: int) -> dict:
+    import onnx
+    import onnx.compose
+    import onnxruntime as ort
+
+    from deepjit_compiler.references import nms_reference
+
+    a, b = onnx.ModelProto(), nms_reference(NC, conf_threshold=CONF, iou_threshold=IOU, max_det=MAX_DET)
+    a.CopyFrom(site.reference)
+    a.ir_version = b.ir_version = max(a.ir_version, b.ir_version)
+    sess = ort.InferenceSession(onnx.compose.merge_models(a, b, io_map=[("output0", "output0")]).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    names = decode_input_names(site.facts)
+    feeds = [{names[f"{r}_{i}"]: lv[r] for i, lv in enumerate(maps) for r in ("box", "cls")} for maps in input_sets]
+    sess.run(None, feeds[0])
+    wall = []
+    for k in range(iters):
+        t0 = time.perf_counter()
+        out = sess.run(None, feeds[k % ROTATE])
+        wall.append(1e6 * (time.perf_counter() - t0))
+    return {"gpu_us": None, "wall_us": stats(wall), "kernels": "-", "_dets": sess.run(None, feeds[0])[0].tolist()}
+
+
+# --- report -----------------------------------------------------------------------------------------
+
+
+def table(rows: list[tuple]) -> str:
+    fmt = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
+    lines = ["| method | batch | GPU median µs | GPU p95 µs | wall median µs | wall p95 µs | kernels / inference |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for method, batch, r in rows:
+        g, w = r["gpu_us"] or (None, None), r["wall_us"] or (None, None)
+        lines.append(f"| {method} | {batch} | {fmt(g[0])} | {fmt(g[1])} | {fmt(w[0])} | {fmt(w[1])} | {r['kernels']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--ort-iters", type=int, default=10)
+    ap.add_argument("--append", type=Path, help="append the table to this markdown file")
+    ap.add_argument("--json", type=Path, help="write all numbers here")
+    ap.add_argument("--anchors-per-thread", type=int, default=4)
+    args = ap.parse_args(argv)
+
+    import torch
+    import torchvision
+
+    gpu = gpu_mod.Gpu()
+    site = decode_site()
+    decode = compile_site_kernel("yolov8_decode", {"mode": "candidates", "conf_threshold": CONF,
+                                                   "anchors_per_thread": args.anchors_per_thread}, site.facts, sm=gpu.sm)
+    nms = compile_site_kernel("nms", {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET}, site.facts,
+                              sm=gpu.sm)
+    rows, record = [], {}
+    for batch in args.batches:
+        rng = np.random.default_rng(batch)
+        sets = [head_maps(rng, batch) for _ in range(ROTATE)]
+        ours = bench_deepjit(gpu, decode, nms, site.facts, sets, args.iters, torch)
+        theirs = bench_torch(torch, torchvision, sets, max(20, args.iters // 4))
+        cpu = bench_onnxrt(site, sets, max(3, args.ort_iters // max(1, batch // 8)))
+        print(f"batch {batch}: detections per image deepjit {ours.pop('_dets')[:4]} torch {theirs.pop('_dets')[:4]} "
+              f"onnxrt {cpu.pop('_dets')[:4]}", flush=True)
+        for name, r in (*ours.items(), ("torch-eager", theirs), ("onnxrt-cpu", cpu)):
+            rows.append((name, batch, r))
+            record[f"{name}/b{batch}"] = r
+        print(table([r for r in rows if r[1] == batch]), flush=True)
+    major, minor = nvrtc_version()
+    header = (f"## {datetime.date.today().isoformat()}: {gpu.name} (sm_{gpu.sm}), driver CUDA "
+              f"{gpu_mod.driver_version() // 1000}.{gpu_mod.driver_version() % 1000 // 10}, NVRTC {major}.{minor}, "
+              f"torch {torch.__version__}, torchvision {torchvision.__version__}, {platform.python_implementation()} "
+              f"{platform.python_version()}\n\nCommand: `python3 bench/postprocess.py "
+              f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n")
+    text = header + table(rows) + "\n"
+    print("\n" + text)
+    if args.append:
+        with open(args.append, "a") as f:
+            f.write("\n" + text)
+    if args.json:
+        args.json.write_text(json.dumps({"header": header, "results": record}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

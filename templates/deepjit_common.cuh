@@ -1,0 +1,86 @@
+// Shared device helpers for DeepJIT's kernels (plain CUDA C++, not a Jinja template).
+//
+// Arithmetic that must round exactly like an ONNX graph evaluated op by op uses the _rn
+// intrinsics: they are never contracted into FMAs, whatever the compile options.
+#pragma once
+#include <cuda_fp16.h>
+
+namespace deepjit {
+
+// Constants are enumerators or functions, never namespace-scope variables: NVRTC names those
+// (internal linkage) with a per-compile unique id, which would make the cubin differ on each build.
+enum : unsigned { kFullMask = 0xffffffffu };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+__device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_f(__half* p, float v) { *p = __float2half_rn(v); }
+
+// 1 / (1 + exp(-x)) with IEEE division, as ONNX Sigmoid.
+__device__ __forceinline__ float sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+
+// Load V consecutive elements as floats, in one vector access where V * sizeof(T) allows.
+// The caller guarantees alignment to V * sizeof(T) bytes.
+template <int V> __device__ __forceinline__ void load_vec(const float* __restrict__ p, float* o);
+template <> __device__ __forceinline__ void load_vec<1>(const float* __restrict__ p, float* o) { o[0] = __ldg(p); }
+template <> __device__ __forceinline__ void load_vec<2>(const float* __restrict__ p, float* o) {
+    const float2 t = __ldg(reinterpret_cast<const float2*>(p));
+    o[0] = t.x; o[1] = t.y;
+}
+template <> __device__ __forceinline__ void load_vec<4>(const float* __restrict__ p, float* o) {
+    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
+    o[0] = t.x; o[1] = t.y; o[2] = t.z; o[3] = t.w;
+}
+template <> __device__ __forceinline__ void load_vec<8>(const float* __restrict__ p, float* o) {
+    load_vec<4>(p, o);
+    load_vec<4>(p + 4, o + 4);
+}
+
+template <int V> __device__ __forceinline__ void load_vec(const __half* __restrict__ p, float* o);
+template <> __device__ __forceinline__ void load_vec<1>(const __half* __restrict__ p, float* o) {
+    o[0] = __half2float(__ldg(p));
+}
+template <> __device__ __forceinline__ void load_vec<2>(const __half* __restrict__ p, float* o) {
+    const __half2 t = __ldg(reinterpret_cast<const __half2*>(p));
+    o[0] = __low2float(t); o[1] = __high2float(t);
+}
+template <> __device__ __forceinline__ void load_vec<4>(const __half* __restrict__ p, float* o) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+    o[0] = __low2float(h[0]); o[1] = __high2float(h[0]);
+    o[2] = __low2float(h[1]); o[3] = __high2float(h[1]);
+}
+template <> __device__ __forceinline__ void load_vec<8>(const __half* __restrict__ p, float* o) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) { o[2 * k] = __low2float(h[k]); o[2 * k + 1] = __high2float(h[k]); }
+}
+
+// Store V consecutive floats, vectorized (caller guarantees V * 4-byte alignment).
+template <int V> __device__ __forceinline__ void store_vec(float* __restrict__ p, const float* v);
+template <> __device__ __forceinline__ void store_vec<1>(float* __restrict__ p, const float* v) { p[0] = v[0]; }
+template <> __device__ __forceinline__ void store_vec<2>(float* __restrict__ p, const float* v) {
+    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+}
+template <> __device__ __forceinline__ void store_vec<4>(float* __restrict__ p, const float* v) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+template <> __device__ __forceinline__ void store_vec<8>(float* __restrict__ p, const float* v) {
+    store_vec<4>(p, v);
+    store_vec<4>(p + 4, v + 4);
+}
+
+// IoU of two (x1, y1, x2, y2) boxes, op by op as docs/semantics.md:
+// inter / (area1 + area2 - inter), every step rounded in fp32.
+__device__ __forceinline__ float iou(float4 a, float4 b) {
+    const float iw = fmaxf(0.0f, __fsub_rn(fminf(a.z, b.z), fmaxf(a.x, b.x)));
+    const float ih = fmaxf(0.0f, __fsub_rn(fminf(a.w, b.w), fmaxf(a.y, b.y)));
+    const float inter = __fmul_rn(iw, ih);
+    const float area_a = __fmul_rn(__fsub_rn(a.z, a.x), __fsub_rn(a.w, a.y));
+    const float area_b = __fmul_rn(__fsub_rn(b.z, b.x), __fsub_rn(b.w, b.y));
+    return __fdiv_rn(inter, __fsub_rn(__fadd_rn(area_a, area_b), inter));
+}
+
+}  // namespace deepjit
