@@ -129,8 +129,10 @@ def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
     spec = loaded.spec
     out = {}
     for step in (*plan.sites, *plan.added):
-        # A site's facts (what the preset found) or an added stage's params fill in inferable params.
-        facts = step.facts if step.kind == "kernel" else step.params
+        # What the preset found fills in a site's inferable params; an added stage also gets its own
+        # params and the sites' facts (NMS sizes its buffers by the decode's anchor count).
+        site_facts = {k: v for site in plan.sites for k, v in site.facts.items()}
+        facts = step.facts if step.kind == "kernel" else {**site_facts, **step.params}
         out[step.name] = compile_site_kernels(
             [(k.contract, k.params) for k in step.kernels], facts,
             sm=spec.target.resolved_sm, options=spec.compile.options, fast_math=spec.compile.fast_math,

@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from .archive import atomic_write
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +29,6 @@ META = "meta.json"
 def key_of(material: Mapping[str, Any]) -> str:
     """sha256 of a JSON-able mapping, keys sorted: the same material always gives the same key."""
     return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write path so readers see the old bytes or the new ones, never a mix (temp + fsync + replace)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass

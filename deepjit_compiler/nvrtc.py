@@ -24,7 +24,8 @@ import platformdirs
 
 from . import __version__, config
 from ._optional import lazy_import
-from .cache import KernelCache, atomic_write, key_of
+from .archive import atomic_write
+from .cache import KernelCache, key_of
 from .errors import KernelCompileError, KernelError, MissingDependency
 from .render import KernelSource, render_kernel
 

@@ -19,6 +19,8 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import helper
 
+from .archive import atomic_write
+
 log = logging.getLogger("deepjit.surgery")
 
 # ONNX Runtime >= 1.18 (the oldest DeepJIT supports) reads IR version 10.
@@ -64,22 +66,9 @@ def model_bytes(model: onnx.ModelProto) -> bytes:
     return model.SerializeToString(deterministic=True)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write through a temp file in the same folder, then os.replace: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
     path = Path(path)
-    write_atomic(path, model_bytes(pin_ir_version(model)))
+    atomic_write(path, model_bytes(pin_ir_version(model)))
     return path
 
 

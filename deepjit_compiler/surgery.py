@@ -29,7 +29,7 @@ from . import references
 from .errors import SurgeryError, closest
 from .onnxutil import (GraphIndex, TensorSig, canonical_dims, complete_value_info, constant_value,
                        infer_shapes, model_bytes, pin_ir_version, sig_from_value_info, value_info_map,
-                       write_atomic)
+                       atomic_write)
 from .presets import PRESETS
 
 log = logging.getLogger("deepjit.surgery")
@@ -172,7 +172,7 @@ class Plan:
         paths = {}
         for s in self.steps:
             rel = self.relpath(s)
-            write_atomic(folder / rel, model_bytes(s.onnx))
+            atomic_write(folder / rel, model_bytes(s.onnx))
             paths[s.name] = rel
         return paths
 

@@ -2,9 +2,8 @@
 import json
 
 import onnx
-import pytest
 
-from conftest import PIPELINES, run_cli
+from conftest import run_cli
 
 
 def test_help_everywhere():
@@ -70,8 +69,18 @@ def test_spec_input_must_match_model(write_spec, tmp_path):
     assert r.returncode == 2 and "inputs.image: the model has no input 'image' (did you mean 'images'?)" in r.stderr
 
 
-def test_internal_error_exits_3(tmp_path):
-    # A model path that is a folder with synthesize set: writing over a folder is not a user error path
-    # we handle specially, so the CLI must still not crash with exit 1; force a real bug instead:
-    r = run_cli("inspect", str(tmp_path))  # a folder that is neither a bundle nor a model
-    assert r.returncode == 2 and "Traceback" not in r.stderr
+def test_folder_that_is_neither_model_nor_bundle_exits_2(tmp_path):
+    r = run_cli("inspect", str(tmp_path))
+    assert r.returncode == 2 and str(tmp_path) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_internal_error_exits_3_with_traceback(monkeypatch, capsys):
+    from deepjit_compiler import cli, spec
+
+    def broken():
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(spec, "json_schema", broken)
+    assert cli.main(["schema"]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ZeroDivisionError" in err and "internal error" in err

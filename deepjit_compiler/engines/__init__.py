@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
 
+from ..archive import atomic_write
 from ..errors import BundleError, SpecError
 from .base import (BACKENDS, Decision, EngineArtifact, EngineSettings, InputProfile, Runner,
                    select_backend)
@@ -75,7 +74,7 @@ def engine_from_segment(name: str, segment: onnx.ModelProto, settings: EngineSet
     from .tensorrt import build_engine
 
     path = Path(workdir) / f"{name}.onnx"
-    _write_atomic(path, data)
+    atomic_write(path, data)
     return build_engine(path, settings, timing_cache=timing_cache, segment_name=name)
 
 
@@ -116,13 +115,3 @@ def _only(artifact: EngineArtifact, suffix: str) -> bytes:
     return found[0]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
