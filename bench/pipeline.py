@@ -1,7 +1,7 @@
 """Benchmark (not a test): whole bundles on this GPU through the runtime, graph replay on and off.
 
-    python3 bench/pipeline.py specs WORK                  # yolov8n variant specs: native SM, T4, letterbox
-    deepjit build WORK/yolov8n_native.yaml --no-publish   # (each of them)
+    python3 bench/pipeline.py specs WORK [--build]        # yolov8n variant specs: native SM, T4, letterbox
+    deepjit build WORK/yolov8n_native.yaml --no-publish   # (each of them; or --build above, GPU levels skipped)
     python3 bench/pipeline.py run WORK/out/yolov8n_native [WORK/out/yolov8n_t4 ...] [--batches 1 2 4 8]
         [--iters 50] [--json out.json]
 
@@ -34,6 +34,18 @@ def write_specs(work: Path) -> dict[str, Path]:
     spec.loader.exec_module(module)
     work.mkdir(parents=True, exist_ok=True)
     return module.write_specs(work, gpu_mod.Gpu().sm if gpu_mod.available() else 90)
+
+
+def build(specs: dict[str, Path]) -> None:
+    """Build each spec without the kernels/end_to_end levels (those are `deepjit validate`'s)."""
+    from deepjit_compiler import levels
+    from deepjit_compiler.build import build_pipeline
+    from deepjit_compiler.gate import not_run
+
+    why = "skipped by bench/pipeline.py: run `deepjit validate`"
+    levels.gpu_levels = lambda path, spec: [not_run("kernels", why), not_run("end_to_end", why)]
+    for name, spec in specs.items():
+        print(f"built {name}: {build_pipeline(spec, publish=False).bundle.path}", flush=True)
 
 
 def sample_inputs(folder: Path) -> list[Path]:
@@ -69,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     specs = sub.add_parser("specs", help="write the yolov8n variant specs into WORK")
     specs.add_argument("work", type=Path)
+    specs.add_argument("--build", action="store_true", help="also build them (GPU levels skipped)")
     runp = sub.add_parser("run", help="run and bench bundles")
     runp.add_argument("bundles", type=Path, nargs="+")
     runp.add_argument("--batches", type=int, nargs="+", default=None, help="default: the bundle's buckets")
@@ -77,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     runp.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.cmd == "specs":
-        for name, path in write_specs(args.work).items():
+        written = write_specs(args.work)
+        for name, path in written.items():
             print(f"{name} {path}")
+        if args.build:
+            build(written)
         return 0
     report = run(args.bundles, args.batches, args.iters, args.warmup)
     if args.json:

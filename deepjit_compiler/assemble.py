@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from . import __version__
@@ -13,9 +14,19 @@ MODEL_FILE = "reference/model.onnx"
 
 
 def kernel_files(stage: str, kernel) -> dict[str, str]:
-    """Bundle paths of one compiled kernel's rendered source, cubin and PTX."""
+    """Bundle paths of one compiled kernel's rendered source, cubin, PTX and contract (its YAML, with
+    the template and headers beside it, so a user's own contract runs where it is not installed)."""
     stem = f"kernels/{stage}/{kernel.contract}"
-    return {"source": f"{stem}.cu", "cubin": f"{stem}.{kernel.arch}.cubin", "ptx": f"{stem}.{kernel.ptx_arch}.ptx"}
+    return {"source": f"{stem}.cu", "cubin": f"{stem}.{kernel.arch}.cubin", "ptx": f"{stem}.{kernel.ptx_arch}.ptx",
+            "contract": f"kernels/{stage}/contract/{Path(kernel.contract_path).name}"}
+
+
+def contract_files(stage: str, kernel) -> dict[str, bytes]:
+    from .contracts import load_contract
+
+    contract = load_contract(kernel.contract_path)
+    folder = f"kernels/{stage}/contract"
+    return {f"{folder}/{p.name}": p.read_bytes() for p in (contract.path, contract.template_path, *contract.header_paths)}
 
 
 def engine_path(rel: str) -> str:
@@ -32,6 +43,7 @@ def bundle_files(loaded, resolved, plan, segments, kernels, artifacts) -> dict[s
             files[paths["source"]] = k.source.code.encode()
             files[paths["cubin"]] = k.cubin
             files[paths["ptx"]] = k.ptx.encode()
+            files.update(contract_files(stage, k))
     for art in artifacts:
         for rel, data in art.files.items():
             files[engine_path(rel)] = data
@@ -69,7 +81,8 @@ def bundle_manifest(loaded, resolved, plan, kernels, settings, decision, artifac
             entry["file"] = engine_path(f"{step.name}.onnx")
         else:
             entry["reference"] = plan.relpath(step)
-            entry["kernels"] = [{**k.manifest(), "files": kernel_files(step.name, k)} for k in kernels[step.name]]
+            entry["kernels"] = [{**k.manifest(), "contract_sha256": k.source.contract_digest,
+                                 "files": kernel_files(step.name, k)} for k in kernels[step.name]]
             entry["facts" if step.kind == "kernel" else "params"] = _jsonable(
                 dict(step.facts) if step.kind == "kernel" else dict(step.params))
             if step.kind == "added":

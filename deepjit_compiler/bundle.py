@@ -8,19 +8,18 @@ kernels, engines, validation record...) and three fields of this module:
 - `digest`: `"sha256:<hex>"` over the canonical JSON of the manifest without `digest` (sorted keys,
   `,`/`:` separators, UTF-8). It covers every file's digest, so it names the whole bundle.
 
-`manifest.json` itself is written with sorted keys, an indent of 2 and a trailing newline. The same
-files and fields always give byte-identical folders, archives and digests: nothing here writes a
-time or an absolute path, and fields holding an absolute path of this machine are refused.
-Writes are atomic: a bundle is assembled in a hidden `.NAME.tmp-*` folder next to its destination
-and renamed into place, so an interrupted build leaves no half bundle.
+`manifest.json` itself is written with sorted keys, an indent of 2 and a trailing newline
+(manifest.py makes those bytes and the digest). The same files and fields always give byte-identical
+folders, archives and digests: nothing here writes a time or an absolute path, and fields holding an
+absolute path of this machine are refused. Writes are atomic: a bundle is assembled in a hidden
+`.NAME.tmp-*` folder next to its destination and renamed into place, so an interrupted build leaves
+no half bundle.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import math
-import numbers
 import os
 import tempfile
 from collections.abc import Mapping
@@ -30,8 +29,14 @@ from typing import Any
 
 from .archive import list_files, pack_to, replace_dir, safe_extract, sha256_stream, staging_dir
 from .errors import BundleError, closest
+from .manifest import canonical_json, manifest_bytes, manifest_digest, plain_manifest
 
 log = logging.getLogger("deepjit.bundle")
+
+# canonical_json and manifest_digest live in manifest.py and stay importable from here.
+__all__ = ["MANIFEST", "SCHEMA_VERSION", "Bundle", "BundleInfo", "archive_path", "canonical_json",
+           "check_replaceable", "describe", "manifest_digest", "read_bundle", "unpack_bundle", "update_bundle",
+           "verify_folder", "write_bundle"]
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -77,73 +82,6 @@ class Bundle:
         if path not in self.files:
             raise BundleError(f"{self.source}: no file '{path}' in the bundle{closest(path, self.files)}")
         return self.root / path
-
-
-# ---------------------------------------------------------------------------- canonical JSON
-def canonical_json(value: Any) -> bytes:
-    """The bytes the digest is taken over: sorted keys, no spaces, UTF-8, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
-def manifest_digest(manifest: Mapping[str, Any]) -> str:
-    """'sha256:<hex>' over the canonical JSON of `manifest` without its `digest` field."""
-    body = {k: v for k, v in manifest.items() if k != "digest"}
-    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
-
-
-def _manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
-    return (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
-
-
-def _local_roots(dest: Path) -> tuple[str, ...]:
-    """Folders of this machine whose paths must never end up in a bundle."""
-    roots = set()
-    for get in (Path.home, lambda: Path(tempfile.gettempdir()), Path.cwd, lambda: dest.parent.absolute()):
-        try:
-            p = get()
-        except (OSError, RuntimeError):  # no home, or a deleted working folder
-            continue
-        roots.update({str(p), os.path.realpath(p)})
-    return tuple(sorted(r.rstrip("/") for r in roots if r not in ("", "/")))
-
-
-def _is_local_path(text: str, roots: tuple[str, ...]) -> bool:
-    # Multi-line text (the spec) may quote paths; only a field that *is* a path is refused.
-    # ONNX tensor names such as '/model.22/Concat' start with '/' too: they neither exist here
-    # nor sit under home, temp, cwd or the output folder.
-    if "\n" in text or not text.startswith("/") or text == "/":
-        return False
-    return any(text == r or text.startswith(r + "/") for r in roots) or os.path.lexists(text)
-
-
-def _plain(value: Any, where: str, roots: tuple[str, ...]) -> Any:
-    """A JSON-ready copy of a manifest value; BundleError naming the field for anything else."""
-    name = where or "<manifest>"
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise BundleError(f"manifest field '{name}': key {key!r} is not a string")
-            out[key] = _plain(item, f"{where}.{key}" if where else key, roots)
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_plain(item, f"{name}[{i}]", roots) for i, item in enumerate(value)]
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        if not math.isfinite(value):
-            raise BundleError(f"manifest field '{name}': {value} is not a finite number (JSON has no NaN or inf)")
-        return float(value)
-    if isinstance(value, str):
-        if _is_local_path(value, roots):
-            raise BundleError(
-                f"manifest field '{name}': '{value}' is an absolute path of this machine; bundles are "
-                "relocatable and reproducible: store a bundle-relative path or a file name instead")
-        return value
-    raise BundleError(f"manifest field '{name}': a {type(value).__name__} is not JSON "
-                      "(allowed: str, int, float, bool, None, lists and string-keyed mappings)")
 
 
 # ---------------------------------------------------------------------------- file names
@@ -229,7 +167,7 @@ def write_bundle(dest: Path, files: Mapping[str, bytes | Path], manifest: Mappin
     own = sorted(set(manifest) & set(_OWN_FIELDS))
     if own:
         raise BundleError(f"manifest fields {own} are written by DeepJIT itself; leave them out")
-    body = _plain(manifest, "", _local_roots(dest))
+    body = plain_manifest(manifest, dest)
     check_replaceable(dest)
     tar_path = archive_path(dest)
     if tar_path.is_dir():
@@ -241,7 +179,7 @@ def write_bundle(dest: Path, files: Mapping[str, bytes | Path], manifest: Mappin
         listed = {rel: _copy_in(root, rel, entries[rel]) for rel in sorted(entries)}
         body.update(schema_version=SCHEMA_VERSION, files=listed)
         body["digest"] = manifest_digest(body)
-        (root / MANIFEST).write_bytes(_manifest_bytes(body))
+        (root / MANIFEST).write_bytes(manifest_bytes(body))
         os.chmod(root / MANIFEST, 0o644)
         if archive:
             pack_to(root, stage / "bundle.tar.gz")

@@ -87,6 +87,42 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("bundle", type=EXISTING)
+@click.option("-i", "--input", "inputs", multiple=True, required=True, type=EXISTING,
+              help="Image (.jpg/.png: needs Pillow), .npy/.npz, or a folder of them; repeat for more.")
+@click.option("--out", type=click.Path(path_type=Path), help="Write the detections as JSON here.")
+@click.option("--prefer", type=click.Choice(["auto", "cubin", "ptx"]), default="auto", show_default=True)
+@click.option("--no-graph", is_flag=True, help="Plain kernel launches instead of CUDA graph replay.")
+@click.option("--json", "as_json", is_flag=True)
+def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
+    """Run BUNDLE on images or tensors on this GPU; boxes are mapped back to the original images."""
+    from .runbundle import format_run, run_bundle
+
+    result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph)
+    _emit_json(result) if as_json else click.echo(format_run(result))
+
+
+@cli.command()
+@click.argument("bundle", type=EXISTING)
+@click.option("--batch", "batches", default=None, help="Comma-separated batch sizes (default: the bundle's buckets).")
+@click.option("--no-graph", is_flag=True, help="Plain kernel launches instead of CUDA graph replay.")
+@click.option("--warmup", type=int, default=10, show_default=True)
+@click.option("--iters", type=int, default=100, show_default=True)
+@click.option("--prefer", type=click.Choice(["auto", "cubin", "ptx"]), default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, as_json) -> None:
+    """Latency p50/p95/p99 (whole call and GPU part), throughput and launches per inference."""
+    from .runbundle import bench_bundle, format_bench
+
+    try:
+        sizes = [int(b) for b in batches.split(",")] if batches else None
+    except ValueError:
+        raise click.BadParameter(f"{batches!r}: give batch sizes like 1,8,32", param_hint="--batch") from None
+    result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer)
+    _emit_json(result) if as_json else click.echo(format_bench(result))
+
+
+@cli.command()
+@click.argument("bundle", type=EXISTING)
 @click.option("--json", "as_json", is_flag=True)
 def validate(bundle: Path, as_json: bool) -> None:
     """Re-run the validation levels this machine can run (kernels, end_to_end on a GPU) and record them."""

@@ -3,7 +3,7 @@
 A contract names its template, its params (types, defaults, allowed values, which kernel-site fact
 supplies them), its tensors (dtypes and shapes as expressions of params and symbolic dims), its
 entry points (C++ name expressions, launch geometry, typed args) and its scratch workspace. The
-format is documented in docs/kernel-contracts.md.
+format is documented in docs/kernel-contracts.md; its pydantic models are in contract_models.py.
 
 Every string in a contract that computes something is a Jinja expression, evaluated in a sandbox
 with StrictUndefined: `4 * reg_max`, `ceil_div(A, block)`. It may also hold `{{ }}` / `{% %}`,
@@ -20,81 +20,27 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, Union
+from typing import Any
 
 import jinja2
 import yaml
 from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from .contract_models import ARG_TYPES, ArgSpec, ContractModel, EntrySpec, Expr, ParamSpec, TensorSpec
 from .errors import KernelError, RuntimeInputError, closest
 from .paths import data_dir
 from .specerrors import describe_errors
 
-Expr = Union[int, float, str]
-ARG_TYPES = ("ptr", "i32", "u32", "i64", "u64", "f32", "f64")
+# The contract file models live in contract_models.py and stay importable from here.
+__all__ = ["ARG_TYPES", "CTYPES", "ArgSpec", "Contract", "ContractModel", "EntrySpec", "Expr", "Launch",
+           "ParamSpec", "TensorSig", "TensorSpec", "bind_dims", "concrete_shape", "entry_symbols", "evaluate",
+           "expand", "launches", "load_contract", "normalize_facts", "resolve_params", "signature", "undeclared",
+           "workspace_bytes"]
+
 CTYPES = {"float32": "float", "float16": "__half", "int32": "int", "uint8": "unsigned char",
           "int64": "long long", "uint32": "unsigned int"}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ParamSpec(_Model):
-    """One template parameter. Absent `default` and no `infer` fact -> the spec must give it."""
-
-    type: Literal["int", "float", "bool", "str", "list"]
-    default: Any = None
-    allowed: list[Any] | None = None
-    min: float | None = None
-    max: float | None = None
-    infer: str | None = Field(None, description="kernel-site fact that supplies the value when not given")
-    symbolic: bool = Field(False, description="a string value is a symbolic dim name (dynamic shape)")
-    doc: str = ""
-
-
-class TensorSpec(_Model):
-    name: str
-    dtype: str
-    shape: list[Expr]
-    repeat: Expr | None = None
-    when: str | None = None
-    zero_init: bool = Field(False, description="must be zeroed once at allocation; the kernels keep it so")
-    doc: str = ""
-
-
-class ArgSpec(_Model):
-    name: str
-    type: Literal[ARG_TYPES]  # type: ignore[valid-type]
-    value: Expr | None = None
-    repeat: Expr | None = None
-    when: str | None = None
-
-
-class EntrySpec(_Model):
-    name: str
-    symbol: str = Field(description="C++ name expression (a Jinja template over params), e.g. 'k<float>'")
-    when: str | None = None
-    block: list[Expr]
-    grid: list[Expr]
-    shared_mem: Expr = 0
-    args: list[ArgSpec]
-
-
-class ContractModel(_Model):
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    description: str = ""
-    template: str
-    headers: list[str] = Field(default_factory=list)
-    params: dict[str, ParamSpec] = Field(default_factory=dict)
-    derived: dict[str, str] = Field(default_factory=dict)
-    dims: dict[str, str] = Field(default_factory=dict)
-    inputs: list[TensorSpec] = Field(default_factory=list)
-    outputs: list[TensorSpec] = Field(default_factory=list)
-    entry_points: list[EntrySpec] = Field(min_length=1)
-    workspace: Expr = 0
 
 
 # ---------------------------------------------------------------------------------------------

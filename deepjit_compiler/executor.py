@@ -59,9 +59,13 @@ def compose_reference(original: onnx.ModelProto, added) -> onnx.ModelProto:
     """`added`: stages with .position, .reference (ONNX), .inputs and .outputs (objects with .name)."""
     model = original
     for stage in added:
-        ref = stage.reference
+        # the stage's internal names get its own prefix, so two references never collide
+        ref = compose.add_prefix(stage.reference, f"{stage.name}/" if hasattr(stage, "name") else "added/",
+                                 rename_inputs=False, rename_outputs=False)
         if stage.position == "before":
-            io = [(o.name, o.name) for o in stage.outputs]
+            # only what the model reads is wired; the rest (letterbox's ratio_pad) stays an output
+            reads = {i.name for i in model.graph.input}
+            io = [(o.name, o.name) for o in stage.outputs if o.name in reads]
             model = _merge(ref, model, io)
         else:
             io = [(i.name, i.name) for i in stage.inputs]

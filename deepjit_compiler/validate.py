@@ -99,10 +99,14 @@ def _feeds(envs, sigs) -> list[dict]:
 
 def _decode_output0(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
     """The decode compiled in `output0` mode for this GPU, against the cut subgraph."""
+    from .contracts import load_contract
     from .kernel_launch import ContractKernel, decode_input_names
     from .nvrtc import compile_site_kernel
 
-    compiled = compile_site_kernel(entry["contract"], {**entry["params"], "mode": "output0"}, None, sm=gpu.sm)
+    contract = str(bundle.file(entry["files"]["contract"]))  # the bundle's copy of the contract
+    declared = load_contract(contract).model.params  # the manifest also lists derived values
+    params = {k: v for k, v in entry["params"].items() if k in declared}
+    compiled = compile_site_kernel(contract, {**params, "mode": "output0"}, None, sm=gpu.sm)
     kernel = ContractKernel(gpu, compiled)
     names = decode_input_names(step.facts)
 
@@ -131,7 +135,8 @@ def _nms_chain(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
         chain.launch()
         return chain.results()
 
-    nms_ref = SimpleNamespace(position="after", reference=step.onnx, inputs=step.inputs_sig, outputs=step.outputs_sig)
+    nms_ref = SimpleNamespace(name=step.name, position="after", reference=step.onnx, inputs=step.inputs_sig,
+                              outputs=step.outputs_sig)
     reference = compose_reference(site.onnx, [nms_ref])
     return compare_runs("kernels", _ort(reference, "reference"), FunctionRunner(run, "decode+nms"),
                         _feeds(envs, site.inputs_sig), tol, detection_params=det)
@@ -179,8 +184,8 @@ def end_to_end_level(bundle: Bundle, steps, feeds, spec) -> LevelResult:
     """The whole loaded pipeline (graph replay) against the original model + added references."""
     from .runtime import Pipeline
 
-    added = [SimpleNamespace(position=s.position, reference=s.onnx, inputs=s.inputs_sig, outputs=s.outputs_sig)
-             for s in steps if s.kind == "added"]
+    added = [SimpleNamespace(name=s.name, position=s.position, reference=s.onnx, inputs=s.inputs_sig,
+                             outputs=s.outputs_sig) for s in steps if s.kind == "added"]
     reference = compose_reference(onnx.load(str(bundle.file(bundle.manifest["model"]["file"]))), added)
     lossy = bundle.manifest["engine"]["precision"] != "fp32"
     tol = spec.validation.precision_tolerances if lossy else spec.validation.tolerances
