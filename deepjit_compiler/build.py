@@ -82,11 +82,12 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
 
     from . import levels
 
+    report_dir = _fresh_report_dir(spec.bundle.path)
     feeds = levels.feeds_for(spec, plan)
     with times.stage("graph"):
         report = GateReport().with_levels(levels.graph_level(spec, plan, resolved.model))
     with times.stage("precision"):
-        segments, precision_level = levels.precision_stage(spec, plan, resolved.model, feeds)
+        segments, precision_level = levels.precision_stage(spec, plan, resolved.model, feeds, report_dir)
         report = report.with_levels(precision_level)
     with times.stage("kernels"):
         result.kernels = compile_kernels(loaded, plan)
@@ -107,8 +108,12 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     files = bundle_files(loaded, resolved, plan, segments, result.kernels, artifacts)
     manifest = bundle_manifest(loaded, resolved, plan, result.kernels, settings, result.decision, artifacts, report)
     with times.stage("bundle"):
-        result.bundle, report = _write_and_validate(spec, files, manifest, report)
+        result.bundle, report = _write_and_validate(spec, files, manifest, report, report_dir)
     result.report = report
+    if result.bundle.path != spec.bundle.path:  # rejected: the report goes with the bundle
+        from .archive import replace_dir
+
+        replace_dir(report_dir, Path(f"{result.bundle.path}.report"))
     _write_report(result)
     if not report.passed and spec.validation.gate:
         result.rejected = result.bundle.path
@@ -140,7 +145,17 @@ def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
     return out
 
 
-def _write_and_validate(spec, files, manifest, report: GateReport):
+def _fresh_report_dir(bundle_path: Path) -> Path:
+    """`<bundle>.report/`: Polygraphy RunResults per level and build-report.json (timings)."""
+    import shutil
+
+    folder = Path(f"{bundle_path}.report")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _write_and_validate(spec, files, manifest, report: GateReport, report_dir: Path):
     """Write the bundle into a staging folder, run the GPU levels there when a GPU is present, then
     move it to the bundle path if the gate passes, or under rejected/ if it fails."""
     from .archive import replace_dir
@@ -158,7 +173,7 @@ def _write_and_validate(spec, files, manifest, report: GateReport):
     if local_device_sm() is not None:
         from .bundle import update_bundle
 
-        report = report.with_levels(*levels.gpu_levels(info.path, spec))
+        report = report.with_levels(*levels.gpu_levels(info.path, spec, report_dir))
         info = update_bundle(info.path, {}, {"validation": report.to_record()})
     final = dest if report.passed or not spec.validation.gate else dest.parent / "rejected" / dest.name
     final.parent.mkdir(parents=True, exist_ok=True)

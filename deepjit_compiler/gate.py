@@ -131,12 +131,13 @@ def _tolerance_maps(tolerances, names: Iterable[str]):
 
 
 def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds: list[dict[str, np.ndarray]],
-                 tolerances, *, report_dir: Path | None = None, detection_params: Mapping[str, float] | None = None
-                 ) -> LevelResult:
+                 tolerances, *, report_dir: Path | None = None, report_name: str | None = None,
+                 detection_params: Mapping[str, float] | None = None) -> LevelResult:
     """Run both runners on `feeds` with Polygraphy's Comparator and judge every output.
 
     Detection outputs (num_dets, boxes, scores, classes) are matched as sets; the rest go through
-    `CompareFunc.simple` with the spec's atol/rtol/check_error_stat (default + per output).
+    `SimpleCompareFunc` with the spec's atol/rtol/check_error_stat (default + per output). With
+    `report_dir`, Polygraphy's RunResults are saved there as `<report_name or level>.runresults.json`.
     """
     for runner in (reference, candidate):
         if isinstance(runner, FunctionRunner) and runner._meta is None:
@@ -144,7 +145,7 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
     run_results = Comparator.run([reference, candidate], data_loader=feeds, use_subprocess=False)
     if report_dir is not None:
         report_dir.mkdir(parents=True, exist_ok=True)
-        run_results.save(str(report_dir / f"{level}.runresults.json"))
+        run_results.save(str(report_dir / f"{report_name or level}.runresults.json"))
     ref_iters, test_iters = run_results[reference.name], run_results[candidate.name]
     names = [n for n in ref_iters[0].keys() if n in test_iters[0]]
     missing = [n for n in ref_iters[0].keys() if n not in test_iters[0]]

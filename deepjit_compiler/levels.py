@@ -114,7 +114,7 @@ def engine_level(decision, artifacts) -> LevelResult:
     return not_run("engine", "TensorRT plans built; compared by `deepjit validate` on this GPU")
 
 
-def gpu_levels(bundle_path: Path, spec) -> list[LevelResult]:
+def gpu_levels(bundle_path: Path | None, spec, report_dir: Path | None = None) -> list[LevelResult]:
     """The kernels and end_to_end levels, where this machine has a GPU; recorded as not run elsewhere."""
     from .engines import local_device_sm
 
@@ -123,4 +123,4 @@ def gpu_levels(bundle_path: Path, spec) -> list[LevelResult]:
         return [not_run("kernels", why), not_run("end_to_end", why)]
     from .validate import run_gpu_levels
 
-    return run_gpu_levels(bundle_path, spec)
+    return run_gpu_levels(bundle_path, spec, report_dir)

@@ -57,7 +57,7 @@ def _cpu_tensors(steps, feed) -> dict:
     return env
 
 
-def run_gpu_levels(bundle_path: Path, spec=None) -> list[LevelResult]:
+def run_gpu_levels(bundle_path: Path, spec=None, report_dir: Path | None = None) -> list[LevelResult]:
     from .gpu import Gpu
     from .levels import feeds_for
 
@@ -68,7 +68,8 @@ def run_gpu_levels(bundle_path: Path, spec=None) -> list[LevelResult]:
     feeds = feeds_for(spec, plan)
     envs = [_cpu_tensors(steps, f) for f in feeds]
     gpu = Gpu()
-    return [kernels_level(gpu, bundle, steps, envs, spec), end_to_end_level(bundle, steps, feeds, spec)]
+    return [kernels_level(gpu, bundle, steps, envs, spec, report_dir),
+            end_to_end_level(bundle, steps, feeds, spec, report_dir)]
 
 
 def _compiled(bundle: Bundle, entry: dict):
@@ -77,7 +78,7 @@ def _compiled(bundle: Bundle, entry: dict):
     return compiled_from_manifest(bundle, entry)
 
 
-def kernels_level(gpu, bundle: Bundle, steps, envs, spec) -> LevelResult:
+def kernels_level(gpu, bundle: Bundle, steps, envs, spec, report_dir: Path | None = None) -> LevelResult:
     outputs: list[OutputResult] = []
     tol = spec.validation.tolerances
     det = tol.detections.model_dump()
@@ -87,7 +88,8 @@ def kernels_level(gpu, bundle: Bundle, steps, envs, spec) -> LevelResult:
             continue
         for entry in step.kernels:
             check = _CHECKS.get(entry["contract"], _generic)
-            result = check(gpu, bundle, step, entry, envs, tol, det, sites)
+            result = check(gpu, bundle, step, entry, envs, tol, det, sites,
+                           dict(report_dir=report_dir, report_name=f"kernels.{step.name}.{entry['contract']}"))
             outputs += [OutputResult(f"{step.name}/{o.name}", o.passed, o.max_abs, o.median_abs, o.max_rel,
                                      o.median_rel, o.detail) for o in result.outputs]
     return from_outputs("kernels", outputs, f"each kernel against its reference on sm_{gpu.sm} ({gpu.name})")
@@ -97,7 +99,7 @@ def _feeds(envs, sigs) -> list[dict]:
     return [{t.name: env[t.name] for t in sigs} for env in envs]
 
 
-def _decode_output0(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
+def _decode_output0(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
     """The decode compiled in `output0` mode for this GPU, against the cut subgraph."""
     from .contracts import load_contract
     from .kernel_launch import ContractKernel, decode_input_names
@@ -118,10 +120,10 @@ def _decode_output0(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelRes
         return {"output0": gpu.download(outs["output0"])}
 
     return compare_runs("kernels", _ort(step.onnx, "reference"), FunctionRunner(run, "decode"),
-                        _feeds(envs, step.inputs_sig), tol)
+                        _feeds(envs, step.inputs_sig), tol, **report)
 
 
-def _nms_chain(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
+def _nms_chain(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
     """nms reads the decode's candidates: the bundle's decode + nms binaries, against both references."""
     from .kernel_launch import Postprocess, decode_input_names
 
@@ -139,10 +141,10 @@ def _nms_chain(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
                               outputs=step.outputs_sig)
     reference = compose_reference(site.onnx, [nms_ref])
     return compare_runs("kernels", _ort(reference, "reference"), FunctionRunner(run, "decode+nms"),
-                        _feeds(envs, site.inputs_sig), tol, detection_params=det)
+                        _feeds(envs, site.inputs_sig), tol, detection_params=det, **report)
 
 
-def _letterbox(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
+def _letterbox(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
     from .kernel_launch import Letterbox
 
     compiled = _compiled(bundle, entry)
@@ -153,10 +155,10 @@ def _letterbox(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
         return lb.results()
 
     return compare_runs("kernels", _ort(step.onnx, "reference"), FunctionRunner(run, "letterbox"),
-                        _feeds(envs, step.inputs_sig), tol)
+                        _feeds(envs, step.inputs_sig), tol, **report)
 
 
-def _generic(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
+def _generic(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
     """A user's contract: its inputs and outputs carry the reference's tensor names."""
     from .kernel_launch import ContractKernel
 
@@ -170,7 +172,7 @@ def _generic(gpu, bundle, step, entry, envs, tol, det, sites) -> LevelResult:
         return {k: gpu.download(v) for k, v in outs.items()}
 
     return compare_runs("kernels", _ort(step.onnx, "reference"), FunctionRunner(run, entry["contract"]),
-                        _feeds(envs, step.inputs_sig), tol)
+                        _feeds(envs, step.inputs_sig), tol, **report)
 
 
 _CHECKS = {"yolov8_decode": _decode_output0, "nms": _nms_chain, "letterbox": _letterbox}
@@ -180,7 +182,7 @@ def _ort(model: onnx.ModelProto, name: str) -> OnnxrtRunner:
     return OnnxrtRunner(SessionFromOnnx(model_bytes(model)), name=name)
 
 
-def end_to_end_level(bundle: Bundle, steps, feeds, spec) -> LevelResult:
+def end_to_end_level(bundle: Bundle, steps, feeds, spec, report_dir: Path | None = None) -> LevelResult:
     """The whole loaded pipeline (graph replay) against the original model + added references."""
     from .runtime import Pipeline
 
@@ -191,7 +193,7 @@ def end_to_end_level(bundle: Bundle, steps, feeds, spec) -> LevelResult:
     tol = spec.validation.precision_tolerances if lossy else spec.validation.tolerances
     with Pipeline.load(bundle) as pipeline:
         result = compare_runs("end_to_end", _ort(reference, "reference"), FunctionRunner(pipeline, "deepjit"),
-                              feeds, tol, detection_params=tol.detections.model_dump())
+                              feeds, tol, detection_params=tol.detections.model_dump(), report_dir=report_dir)
     why = "the pipeline on this GPU (CUDA graphs) against ONNX Runtime on the original model"
     return LevelResult(result.level, result.status, why + (" (lossy precision: precision tolerances)" if lossy else ""),
                        result.outputs)
@@ -208,7 +210,7 @@ def validate_bundle(bundle_path: Path) -> tuple[Bundle, list[LevelResult]]:
     record = bundle.manifest["validation"]["levels"]
     if local_device_sm() is None:
         raise_no_gpu()
-    levels = run_gpu_levels(bundle.root)
+    levels = run_gpu_levels(bundle.root, report_dir=Path(f"{bundle.root}.report"))
     if not bundle.manifest["engine"].get("plans"):
         levels.append(not_run("engine", "no TensorRT plans in the bundle: `deepjit materialize` on the target"))
     kept = [LevelResult(name, lv["status"], lv.get("reason", ""), tuple(

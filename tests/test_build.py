@@ -8,6 +8,7 @@ from deepjit_compiler.bundle import read_bundle
 from deepjit_compiler.errors import GateFailed, StoreError
 
 from conftest import run_cli
+from registry import registry_server  # noqa: F401  (fixture: a real registry on loopback)
 
 N = {"path: ../models/yolov8s.onnx": "path: models/yolov8n.onnx", "synthesize: yolov8s": "synthesize: yolov8n",
      "file://../build/store": "file://store", "path: ../build/yolov8s_t4": "path: out/yolov8n_t4"}
@@ -43,6 +44,10 @@ def test_build_writes_validated_reproducible_bundle(write_spec, tmp_path):
     assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == first_tar
     assert all(k.from_cache for ks in again.kernels.values() for k in ks)  # the second build hits the cache
     assert result.published.digest == digest
+    from polygraphy.comparator import RunResults
+
+    runs = RunResults.load(str(tmp_path / "out/yolov8n_t4.report/precision.runresults.json"))
+    assert [name for name, _ in runs] == ["fp32", "fp16"] and len(runs["fp16"]) == 2  # 2 samples
 
 
 def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
@@ -56,6 +61,7 @@ def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     rejected = read_bundle(tmp_path / "out/rejected/yolov8n_t4")
     assert rejected.manifest["validation"]["levels"]["precision"]["status"] == "failed"
     assert (tmp_path / "out/rejected/yolov8n_t4.report/build-report.json").exists()
+    assert (tmp_path / "out/rejected/yolov8n_t4.report/precision.runresults.json").exists()
     assert not (tmp_path / "store").exists()  # nothing published
 
 
@@ -78,3 +84,14 @@ def test_dry_run_json_plan_both_layouts(write_spec, layout, dynamic):
     decode = next(s for s in plan if s["name"] == "decode")
     assert decode["facts"]["head_layout"] == layout and decode["facts"]["num_classes"] == 80
     assert [t["name"] for t in plan[-1]["outputs"]] == ["num_dets", "boxes", "scores", "classes"]
+
+
+def test_build_publishes_to_an_oci_registry(write_spec, tmp_path, registry_server):  # noqa: F811
+    url = f"oci://{registry_server.host}/deepjit/yolov8n"
+    result = build_pipeline(_spec(write_spec, **{"store: file://store": f"store: {url}"}))
+    from deepjit_compiler import store
+
+    entries = store.ls(url)
+    assert [(e.tag, e.digest) for e in entries] == [("yolov8s-t4", result.bundle.digest)]
+    pulled = store.pull(f"{url}:yolov8s-t4", tmp_path / "pulled")
+    assert read_bundle(pulled).digest == result.bundle.digest
