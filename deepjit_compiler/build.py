@@ -113,10 +113,10 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     if result.bundle.path != spec.bundle.path:  # rejected: the report goes with the bundle
         from .archive import replace_dir
 
+        result.rejected = result.bundle.path
         replace_dir(report_dir, Path(f"{result.bundle.path}.report"))
     _write_report(result)
-    if not report.passed and spec.validation.gate:
-        result.rejected = result.bundle.path
+    if result.rejected is not None:
         raise GateFailed("accuracy gate failed; bundle written to " + str(result.bundle.path) + " with its report:\n  "
                          + "\n  ".join(report.failures()), report)
     if publish and spec.publish is not None:

@@ -62,6 +62,7 @@ def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     assert rejected.manifest["validation"]["levels"]["precision"]["status"] == "failed"
     assert (tmp_path / "out/rejected/yolov8n_t4.report/build-report.json").exists()
     assert (tmp_path / "out/rejected/yolov8n_t4.report/precision.runresults.json").exists()
+    assert json.loads((tmp_path / "out/rejected/yolov8n_t4.report/build-report.json").read_text())["gate_failed"]
     assert not (tmp_path / "store").exists()  # nothing published
 
 
