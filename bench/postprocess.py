@@ -246,7 +246,7 @@ def bench_onnxrt(site, input_sets, iters: int) -> dict:
     wall = []
     for k in range(iters):
         t0 = time.perf_counter()
-        out = sess.run(None, feeds[k % ROTATE])
+        sess.run(None, feeds[k % ROTATE])
         wall.append(1e6 * (time.perf_counter() - t0))
     return {"gpu_us": None, "wall_us": stats(wall), "kernels": "-", "_dets": sess.run(None, feeds[0])[0].tolist()}
 

@@ -24,7 +24,8 @@ class DetectionMatch:
                 f"min IoU {self.min_iou:.4f}, max score diff {self.max_score_diff:.2e}")
 
 
-def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+def box_iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of one x1,y1,x2,y2 box with each of `boxes`: inter / (area1 + area2 - inter); 0 for empty unions."""
     x1 = np.maximum(box[0], boxes[:, 0])
     y1 = np.maximum(box[1], boxes[:, 1])
     x2 = np.minimum(box[2], boxes[:, 2])
@@ -58,7 +59,7 @@ def match_detections(ref: dict[str, np.ndarray], test: dict[str, np.ndarray], *,
             ok = free & (t_classes == ref["classes"][b, i])
             if not ok.any():
                 continue
-            ious = np.where(ok, _iou(ref["boxes"][b, i], t_boxes), -1.0)
+            ious = np.where(ok, box_iou(ref["boxes"][b, i], t_boxes), -1.0)
             j = int(np.argmax(ious))
             score_diff = abs(float(t_scores[j]) - float(ref["scores"][b, i]))
             if ious[j] >= min_iou and score_diff <= score_atol:

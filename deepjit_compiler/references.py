@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .detections import box_iou
 from .errors import SurgeryError
 from .onnxutil import min_ir_version
 
@@ -155,18 +156,6 @@ def nms_reference(num_classes: int, *, conf_threshold: float = 0.25, iou_thresho
     return g.model("nms_reference", inputs, outputs, doc)
 
 
-def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
-    x1 = np.maximum(box[0], others[:, 0])
-    y1 = np.maximum(box[1], others[:, 1])
-    x2 = np.minimum(box[2], others[:, 2])
-    y2 = np.minimum(box[3], others[:, 3])
-    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
-    area = (box[2] - box[0]) * (box[3] - box[1])
-    areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return inter / (area + areas - inter)
-
-
 def nms_numpy(output0: np.ndarray, *, conf_threshold: float = 0.25, iou_threshold: float = 0.45,
               max_det: int = 300, agnostic: bool = False, **_kernel_only) -> dict[str, np.ndarray]:
     """docs/semantics.md's NMS, written out directly (a test oracle, not used by the pipeline)."""
@@ -183,7 +172,7 @@ def nms_numpy(output0: np.ndarray, *, conf_threshold: float = 0.25, iou_threshol
         kept: list[int] = []
         for i in order:
             same = [j for j in kept if agnostic or label[keep[j]] == label[keep[i]]]
-            if same and np.any(_iou(xyxy[i], xyxy[same]) > iou_threshold):
+            if same and np.any(box_iou(xyxy[i], xyxy[same]) > iou_threshold):
                 continue
             kept.append(i)
             if len(kept) == max_det:

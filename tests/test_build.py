@@ -5,7 +5,7 @@ import pytest
 
 from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.bundle import read_bundle
-from deepjit_compiler.errors import GateFailed, StoreError
+from deepjit_compiler.errors import StoreError
 
 from conftest import run_cli
 from registry import registry_server  # noqa: F401  (fixture: a real registry on loopback)

@@ -1,6 +1,5 @@
 """The accuracy gate: Polygraphy's Comparator, tolerances per output, detections as sets."""
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx

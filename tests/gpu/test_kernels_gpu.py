@@ -30,7 +30,8 @@ polygraphy = pytest.importorskip("polygraphy", reason="the GPU tests compare thr
 from polygraphy.backend.base import BaseRunner  # noqa: E402
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx  # noqa: E402
 from polygraphy.common import TensorMetadata  # noqa: E402
-from polygraphy.comparator import Comparator, CompareFunc  # noqa: E402
+from polygraphy.comparator import Comparator  # noqa: E402
+from polygraphy.comparator.compare import SimpleCompareFunc  # noqa: E402
 
 NC, REG, STRIDES = 80, 16, (8, 16, 32)
 
@@ -163,7 +164,7 @@ def decode_runner(gpu, compiled, facts, load, *, form="per_level", dtype=np.floa
 
 
 def assert_close(results, atol, rtol):
-    verdict = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+    verdict = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol))
     assert bool(verdict), "kernel output differs from ONNX Runtime on the reference (see Polygraphy's log above)"
 
 
