@@ -19,7 +19,6 @@ def setup(verbose: bool = False, quiet: bool = False) -> None:
     handler.setFormatter(logging.Formatter("[%(levelname)s] %(name)s: %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(level)
-    log.propagate = False
 
 
 @dataclass
