@@ -272,6 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--append", type=Path, help="append the table to this markdown file")
     ap.add_argument("--json", type=Path, help="write all numbers here")
     ap.add_argument("--anchors-per-thread", type=int, default=4)
+    ap.add_argument("--nms-block", type=int, default=512, help="threads of the nms kernel's one block per image")
     args = ap.parse_args(argv)
 
     import torch
@@ -281,7 +282,8 @@ def main(argv=None) -> int:
     site = decode_site()
     decode = compile_site_kernel("yolov8_decode", {"mode": "candidates", "conf_threshold": CONF,
                                                    "anchors_per_thread": args.anchors_per_thread}, site.facts, sm=gpu.sm)
-    nms = compile_site_kernel("nms", {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET}, site.facts,
+    nms = compile_site_kernel("nms", {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
+                                      "block": args.nms_block}, site.facts,
                               sm=gpu.sm)
     rows, record = [], {}
     for batch in args.batches:
