@@ -6,9 +6,46 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import SpecError
+from .errors import MissingDependency, RuntimeInputError, SpecError
 
 _INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+def read_image(path: Path) -> np.ndarray:
+    """An image file as uint8 [H, W, 3] RGB."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise MissingDependency(f"{path}: reading images needs Pillow (pip install pillow); or give the "
+                                "image as a uint8 [H, W, 3] .npy (BGR)") from None
+    try:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except OSError as e:
+        raise RuntimeInputError(f"{path}: cannot decode the image ({e})") from None
+
+
+def image_feeds(paths: list[Path], inputs: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[dict[str, np.ndarray]]:
+    """One feed per image (batch 1: images differ in size). A uint8 [B, H, W, 3] input (a letterbox
+    stage on the GPU) takes the image as decoded, BGR like OpenCV's; a [B, 3, S, S] input takes it
+    letterboxed on the host with the reference semantics (docs/semantics.md)."""
+    from .references import letterbox_numpy
+
+    if len(inputs) != 1:
+        raise SpecError(f"validation.data.folder: images need a pipeline with one input, not {', '.join(inputs)}")
+    (name, (dtype, shape)), = inputs.items()
+    feeds = []
+    for path in paths:
+        bgr = read_image(path)[..., ::-1]
+        if dtype == "uint8" and len(shape) == 4 and shape[-1] == 3:
+            feeds.append({name: np.ascontiguousarray(bgr[None])})
+        elif len(shape) == 4 and shape[1] == 3 and shape[2] == shape[3]:
+            feeds.append({name: letterbox_numpy(bgr[None], size=shape[2], dtype=dtype, swap_rb=True)["images"]})
+        else:
+            raise SpecError(f"validation.data.folder: {path.name}: input '{name}' {list(shape)} takes no images "
+                            "(a square [B, 3, S, S] input or a letterbox stage does); give .npy files")
+    return feeds
 
 
 def concrete_shape(shape, batch: int, fallback: tuple[int, ...] | None = None) -> tuple[int, ...]:
@@ -44,9 +81,13 @@ def random_feeds(inputs: Mapping[str, tuple[str, tuple[int, ...]]], *, seed: int
 
 
 def folder_feeds(folder: Path, inputs: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[dict[str, np.ndarray]]:
-    """Feeds from `<input>_<k>.npy` files (one batch each), grouped by k in sorted order."""
+    """Feeds from the images in `folder`, else from `<input>_<k>.npy` files (one batch each),
+    grouped by k in sorted order."""
     if not folder.is_dir():
         raise SpecError(f"validation.data.folder: {folder} is not a folder")
+    images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if images:
+        return image_feeds(images, inputs)
     per_input = {name: sorted(folder.glob(f"{name}_*.npy")) for name in inputs}
     counts = {name: len(files) for name, files in per_input.items()}
     if not all(counts.values()) or len(set(counts.values())) != 1:

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MissingDependency, RuntimeInputError
+from .data import IMAGE_SUFFIXES, read_image
+from .errors import RuntimeInputError
 from .runtime_layout import InputInfo, Layout
 
 log = logging.getLogger("deepjit.run")
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 TENSOR_SUFFIXES = (".npy", ".npz")
 DETECTIONS = ("num_dets", "boxes", "scores", "classes")
 
@@ -62,20 +62,6 @@ def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
     if not out:
         raise RuntimeInputError("no inputs given")
     return out
-
-
-def read_image(path: Path) -> np.ndarray:
-    """An image file as uint8 [H, W, 3] RGB."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise MissingDependency(f"{path}: reading images needs Pillow (pip install pillow); or give the "
-                                "image as a uint8 [H, W, 3] .npy (BGR)") from None
-    try:
-        with Image.open(path) as img:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except OSError as e:
-        raise RuntimeInputError(f"{path}: cannot decode the image ({e})") from None
 
 
 def _gpu_letterbox(layout: Layout) -> dict[str, Any] | None:

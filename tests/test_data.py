@@ -38,3 +38,23 @@ def test_folder_feeds(tmp_path):
         folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
     with pytest.raises(SpecError, match="<input>_<k>.npy"):
         folder_feeds(tmp_path, {"other": ("float32", (1,))})
+
+
+def test_folder_of_images(tmp_path):
+    from PIL import Image
+
+    from deepjit_compiler.references import letterbox_numpy
+
+    rng = np.random.default_rng(5)
+    rgb = rng.integers(0, 256, size=(48, 80, 3), dtype=np.uint8)  # wide: padded above and below
+    Image.fromarray(rgb).save(tmp_path / "a.png")
+    (feed,) = folder_feeds(tmp_path, {"images": ("float32", (1, 3, 64, 64))})
+    x = feed["images"]
+    assert x.shape == (1, 3, 64, 64) and x.dtype == np.float32
+    assert np.allclose(x[0, :, 0, :], 114 / 255)  # the pad row
+    # the image is read as OpenCV would (BGR) and letterboxed with the reference's own swap to RGB
+    assert np.array_equal(x, letterbox_numpy(rgb[None, :, :, ::-1], size=64, dtype="float32", swap_rb=True)["images"])
+    (raw,) = folder_feeds(tmp_path, {"raw_images": ("uint8", (1, 48, 80, 3))})
+    assert np.array_equal(raw["raw_images"][0], rgb[:, :, ::-1])
+    with pytest.raises(SpecError, match="takes no images"):
+        folder_feeds(tmp_path, {"x": ("float32", (1, 10))})
