@@ -33,7 +33,7 @@ def engine_path(rel: str) -> str:
     return f"engines/{rel}"
 
 
-def bundle_files(loaded, resolved, plan, segments, kernels, artifacts) -> dict[str, bytes]:
+def bundle_files(loaded, resolved, plan, kernels, artifacts) -> dict[str, bytes]:
     files: dict[str, bytes] = {SPEC_FILE: loaded.text.encode(), MODEL_FILE: resolved.path.read_bytes()}
     for step in (*plan.sites, *plan.added):
         files[plan.relpath(step)] = model_bytes(step.onnx)

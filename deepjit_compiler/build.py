@@ -11,11 +11,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import levels
+from .archive import atomic_write, replace_dir
+from .assemble import bundle_files, bundle_manifest
+from .bundle import read_bundle, update_bundle, write_bundle
+from .engines import EngineSettings, decide, engine_from_segment, local_device_sm
 from .errors import GateFailed
 from .gate import GateReport
 from .log import StageTimes
 from .modelsource import ResolvedModel, check_inputs, resolve_model
+from .nvrtc import compile_site_kernels
+from .publish import publish as push
 from .spec import LoadedSpec, load_spec
+from .surgery import plan_from_model
 
 log = logging.getLogger("deepjit.build")
 
@@ -73,14 +81,10 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         resolved = resolve_model(loaded)
         check_inputs(loaded, resolved.model)
     result = BuildResult(loaded, resolved, times=times)
-    from .surgery import plan_from_model
-
     with times.stage("surgery"):
         result.plan = plan = plan_from_model(resolved.model, spec.cuts)
     if dry_run:
         return result
-
-    from . import levels
 
     report_dir = _fresh_report_dir(spec.bundle.path)
     feeds = levels.feeds_for(spec, plan)
@@ -91,8 +95,6 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         report = report.with_levels(precision_level)
     with times.stage("kernels"):
         result.kernels = compile_kernels(loaded, plan)
-    from .engines import EngineSettings, decide, engine_from_segment
-
     settings = EngineSettings.from_spec(spec)
     with times.stage("engines"):
         result.decision = decide(settings)
@@ -103,16 +105,12 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
                                          timing_cache=spec.engine.timing_cache) for name, model in segments.items()]
     report = report.with_levels(levels.engine_level(result.decision, artifacts))
 
-    from .assemble import bundle_files, bundle_manifest
-
-    files = bundle_files(loaded, resolved, plan, segments, result.kernels, artifacts)
+    files = bundle_files(loaded, resolved, plan, result.kernels, artifacts)
     manifest = bundle_manifest(loaded, resolved, plan, result.kernels, settings, result.decision, artifacts, report)
     with times.stage("bundle"):
         result.bundle, report = _write_and_validate(spec, files, manifest, report, report_dir)
     result.report = report
     if result.bundle.path != spec.bundle.path:  # rejected: the report goes with the bundle
-        from .archive import replace_dir
-
         result.rejected = result.bundle.path
         replace_dir(report_dir, Path(f"{result.bundle.path}.report"))
     _write_report(result)
@@ -120,8 +118,6 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         raise GateFailed("accuracy gate failed; bundle written to " + str(result.bundle.path) + " with its report:\n  "
                          + "\n  ".join(report.failures()), report)
     if publish and spec.publish is not None:
-        from .publish import publish as push
-
         with times.stage("publish"):
             result.published = push(result.bundle.path, spec.publish.store, spec.publish.tag, spec.publish.require)
     return result
@@ -129,8 +125,6 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
 
 def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
     """NVRTC for every kernel of every cut and added stage: cubin for the target SM + PTX, cached."""
-    from .nvrtc import compile_site_kernels
-
     spec = loaded.spec
     out = {}
     for step in (*plan.sites, *plan.added):
@@ -158,43 +152,25 @@ def _fresh_report_dir(bundle_path: Path) -> Path:
 def _write_and_validate(spec, files, manifest, report: GateReport, report_dir: Path):
     """Write the bundle into a staging folder, run the GPU levels there when a GPU is present, then
     move it to the bundle path if the gate passes, or under rejected/ if it fails."""
-    from .archive import replace_dir
-    from .bundle import write_bundle
-
-    from . import levels
-    from .engines import local_device_sm
-
     dest = spec.bundle.path
-    staging = dest.parent / f".{dest.name}.staging"
-    if local_device_sm() is None:
+    has_gpu = local_device_sm() is not None
+    if not has_gpu:  # recorded as not run, in the bundle as first written
         report = report.with_levels(*levels.gpu_levels(None, spec))
         manifest = {**manifest, "validation": report.to_record()}
-    info = write_bundle(staging, files, manifest)
-    if local_device_sm() is not None:
-        from .bundle import update_bundle
-
+    info = write_bundle(dest.parent / f".{dest.name}.staging", files, manifest)
+    if has_gpu:
         report = report.with_levels(*levels.gpu_levels(info.path, spec, report_dir))
         info = update_bundle(info.path, {}, {"validation": report.to_record()})
     final = dest if report.passed or not spec.validation.gate else dest.parent / "rejected" / dest.name
     final.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in ("", ".tar.gz"):
-        src, dst = Path(f"{info.path}{suffix}"), Path(f"{final}{suffix}")
-        if suffix:
-            src.replace(dst)
-        else:
-            replace_dir(src, dst)
-    from .bundle import read_bundle
-
+    replace_dir(info.path, final)
+    Path(f"{info.path}.tar.gz").replace(f"{final}.tar.gz")
     bundle = read_bundle(final)
-    info = type(info)(final, Path(f"{final}.tar.gz"), bundle.digest, bundle.manifest)
-    return info, report
+    return type(info)(final, Path(f"{final}.tar.gz"), bundle.digest, bundle.manifest), report
 
 
 def _write_report(result: BuildResult) -> None:
     """build-report.json beside the bundle: timings and everything that must not be in the manifest."""
-    path = Path(f"{result.bundle.path}.report") / "build-report.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
+    text = json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n"
+    atomic_write(Path(f"{result.bundle.path}.report") / "build-report.json", text.encode())
 
