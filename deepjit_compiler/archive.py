@@ -48,14 +48,16 @@ def staging_dir(dest: Path) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and os.replace."""
+@contextmanager
+def _atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A binary file (read/write) that becomes `path` only when the block ends without error:
+    a temporary file in the same folder, fsynced, made 0o644 and os.replace'd; removed on error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "w+b") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, _FILE_MODE)
@@ -63,6 +65,12 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and os.replace."""
+    with _atomic_file(path) as f:
+        f.write(data)
 
 
 def replace_dir(src: Path, dest: Path) -> None:
@@ -150,21 +158,10 @@ def pack(folder: Path) -> bytes:
 def pack_to(folder: Path, dest: Path) -> str:
     """Write the deterministic tar.gz of `folder` to `dest` atomically; returns 'sha256:<hex>'
     of the archive."""
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.tmp-")
-    try:
-        with os.fdopen(fd, "w+b") as f:
-            write_archive(folder, f)
-            f.flush()
-            os.fsync(f.fileno())
-            f.seek(0)
-            digest = sha256_stream(f)
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _atomic_file(dest) as f:
+        write_archive(folder, f)
+        f.seek(0)
+        digest = sha256_stream(f)
     return f"sha256:{digest}"
 
 

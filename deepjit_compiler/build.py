@@ -126,11 +126,11 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
 def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
     """NVRTC for every kernel of every cut and added stage: cubin for the target SM + PTX, cached."""
     spec = loaded.spec
+    # What the preset found fills in a site's inferable params; an added stage also gets its own
+    # params and the sites' facts (NMS sizes its buffers by the decode's anchor count).
+    site_facts = {k: v for site in plan.sites for k, v in site.facts.items()}
     out = {}
     for step in (*plan.sites, *plan.added):
-        # What the preset found fills in a site's inferable params; an added stage also gets its own
-        # params and the sites' facts (NMS sizes its buffers by the decode's anchor count).
-        site_facts = {k: v for site in plan.sites for k, v in site.facts.items()}
         facts = step.facts if step.kind == "kernel" else {**site_facts, **step.params}
         out[step.name] = compile_site_kernels(
             [(k.contract, k.params) for k in step.kernels], facts,
@@ -157,14 +157,15 @@ def _write_and_validate(spec, files, manifest, report: GateReport, report_dir: P
     if not has_gpu:  # recorded as not run, in the bundle as first written
         report = report.with_levels(*levels.gpu_levels(None, spec))
         manifest = {**manifest, "validation": report.to_record()}
-    info = write_bundle(dest.parent / f".{dest.name}.staging", files, manifest)
+    # With a GPU the bundle is rewritten with the GPU levels' record: only that one gets its archive.
+    info = write_bundle(dest.parent / f".{dest.name}.staging", files, manifest, archive=not has_gpu)
     if has_gpu:
         report = report.with_levels(*levels.gpu_levels(info.path, spec, report_dir))
         info = update_bundle(info.path, {}, {"validation": report.to_record()})
     final = dest if report.passed or not spec.validation.gate else dest.parent / "rejected" / dest.name
     final.parent.mkdir(parents=True, exist_ok=True)
     replace_dir(info.path, final)
-    Path(f"{info.path}.tar.gz").replace(f"{final}.tar.gz")
+    info.archive.replace(f"{final}.tar.gz")
     bundle = read_bundle(final)
     return type(info)(final, Path(f"{final}.tar.gz"), bundle.digest, bundle.manifest), report
 

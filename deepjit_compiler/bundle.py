@@ -136,6 +136,12 @@ def _copy_in(root: Path, rel: str, content: bytes | os.PathLike) -> dict[str, An
 
 
 # ---------------------------------------------------------------------------- write
+def _refuse_own_fields(fields: Mapping[str, Any]) -> None:
+    own = sorted(set(fields) & set(_OWN_FIELDS))
+    if own:
+        raise BundleError(f"manifest fields {own} are written by DeepJIT itself; leave them out")
+
+
 def check_replaceable(dest: Path) -> None:
     """Refuse (BundleError) unless `dest` is absent, an empty folder or a bundle folder."""
     if not dest.exists() and not dest.is_symlink():
@@ -164,9 +170,7 @@ def write_bundle(dest: Path, files: Mapping[str, bytes | Path], manifest: Mappin
     dest = Path(dest)
     entries = {_check_rel(rel, f"files['{rel}']"): content for rel, content in files.items()}
     _check_names(sorted(entries), "files")
-    own = sorted(set(manifest) & set(_OWN_FIELDS))
-    if own:
-        raise BundleError(f"manifest fields {own} are written by DeepJIT itself; leave them out")
+    _refuse_own_fields(manifest)
     body = plain_manifest(manifest, dest)
     check_replaceable(dest)
     tar_path = archive_path(dest)
@@ -199,9 +203,7 @@ def update_bundle(path: Path, files: Mapping[str, bytes | Path],
     The bundle is verified first (a tampered bundle is not updated), then rewritten atomically
     with a new digest: a folder together with its `<folder>.tar.gz`, a lone archive in place."""
     path = Path(path)
-    own = sorted(set(manifest_updates) & set(_OWN_FIELDS))
-    if own:
-        raise BundleError(f"manifest fields {own} are written by DeepJIT itself; leave them out")
+    _refuse_own_fields(manifest_updates)
     bundle = read_bundle(path)
     manifest = {k: v for k, v in bundle.manifest.items() if k not in _OWN_FIELDS}
     manifest.update(manifest_updates)

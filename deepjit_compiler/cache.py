@@ -15,12 +15,11 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from .archive import atomic_write
 from pathlib import Path
 from typing import Any
 
 from . import config
+from .archive import atomic_write
 
 log = logging.getLogger("deepjit.cache")
 META = "meta.json"

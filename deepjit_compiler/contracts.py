@@ -186,21 +186,29 @@ def load_contract(ref: str, *, spec_dir: Path | None = None) -> Contract:
                               f"{', '.join(names)} (or give a path to your own .yaml)")
     try:
         text = path.read_text(encoding="utf-8")
-        data, root = yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
     except FileNotFoundError:
         raise KernelError(f"{path}: kernel contract not found") from None
+    model = _parse_contract(text, path)
+    folders = [path.parent.resolve(), data_dir("templates")]
+    template = _find(Path(model.template), folders, "template", path)
+    headers = tuple(_find(Path(h), [template.parent, *folders], "header", path) for h in model.headers)
+    return Contract(model, path.resolve(), template, headers)
+
+
+@lru_cache(maxsize=64)
+def _parse_contract(text: str, path: Path) -> ContractModel:
+    """The validated model of a contract's text (parsed once per text: a build, its bundle and the
+    runtime load the same few contracts many times). `path` only names the file in errors."""
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise KernelError(f"{path}: YAML error: {e}") from None
     if not isinstance(data, dict):
         raise KernelError(f"{path}:1:1: a contract is a mapping with keys {', '.join(ContractModel.model_fields)}")
     try:
-        model = ContractModel.model_validate(data)
-    except ValidationError as e:
-        raise KernelError(describe_errors(e, path, root, ContractModel)) from None
-    folders = [path.parent.resolve(), data_dir("templates")]
-    template = _find(Path(model.template), folders, "template", path)
-    headers = tuple(_find(Path(h), [template.parent, *folders], "header", path) for h in model.headers)
-    return Contract(model, path.resolve(), template, headers)
+        return ContractModel.model_validate(data)
+    except ValidationError as e:  # only now the node tree, for the file:line:col of each problem
+        raise KernelError(describe_errors(e, path, yaml.compose(text, Loader=yaml.SafeLoader), ContractModel)) from None
 
 
 def _check_param(name: str, spec: ParamSpec, value: Any, where: str) -> Any:
@@ -330,7 +338,7 @@ def concrete_shape(sig: TensorSig, params: Mapping[str, Any], dims: Mapping[str,
     shape = tuple(evaluate(d, {**params, **dims}, where or sig.name) for d in sig.shape)
     unbound = [d for d in shape if not isinstance(d, int)]
     if unbound:
-        raise RuntimeInputError(f"tensor '{sig.name}': dims {unbound} are not bound by the inputs")
+        raise RuntimeInputError(f"{where or f'tensor {sig.name!r}'}: dims {unbound} are not bound by the inputs")
     return shape
 
 

@@ -48,8 +48,10 @@ def image_feeds(paths: list[Path], inputs: Mapping[str, tuple[str, tuple[int, ..
     return feeds
 
 
-def concrete_shape(shape, batch: int, fallback: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    """Symbolic dims resolved: the first to `batch`, the rest from `fallback` (the profile's opt shape)."""
+def concrete_shape(shape, batch: int, fallback: tuple[int, ...] | None = None, *,
+                   name: str | None = None) -> tuple[int, ...]:
+    """Symbolic dims resolved: the first to `batch`, the rest from `fallback` (the profile's opt shape).
+    `name`: the input's, for the error message."""
     dims = []
     for i, d in enumerate(shape):
         if isinstance(d, int) and d > 0:
@@ -59,7 +61,9 @@ def concrete_shape(shape, batch: int, fallback: tuple[int, ...] | None = None) -
         elif fallback is not None:
             dims.append(int(fallback[i]))
         else:
-            raise SpecError(f"dim {i} of shape {list(shape)} is symbolic: give a profile so validation can pick a size")
+            where = f"inputs.{name}: " if name else ""
+            raise SpecError(f"{where}dim {i} of shape {list(shape)} is symbolic: give a profile so validation can "
+                            "pick a size")
     return tuple(dims)
 
 

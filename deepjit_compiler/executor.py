@@ -11,8 +11,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx
 from onnx import compose
+from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
-from .onnxutil import ort_session, pin_ir_version
+from .onnxutil import model_bytes, ort_session, pin_ir_version
 from .surgery import Plan
 
 StepFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
@@ -28,6 +29,11 @@ def onnx_step(model: onnx.ModelProto) -> StepFn:
         return dict(zip(outputs, sess.run(outputs, {n: env[n] for n in inputs})))
 
     return run
+
+
+def onnxrt_runner(model: onnx.ModelProto, name: str) -> OnnxrtRunner:
+    """Polygraphy's ONNX Runtime runner over a model (the reference side of a gate level)."""
+    return OnnxrtRunner(SessionFromOnnx(model_bytes(model)), name=name)
 
 
 class PlanRunner:

@@ -22,10 +22,11 @@ from polygraphy.comparator import Comparator, RunResults
 from polygraphy.comparator.compare import SimpleCompareFunc
 from polygraphy.logger import G_LOGGER
 
+from .archive import atomic_write
 from .detections import NMS_OUTPUTS, match_detections
+from .spec import LEVELS
 
 log = logging.getLogger("deepjit.gate")
-LEVELS = ("graph", "precision", "kernels", "end_to_end", "engine")
 G_LOGGER.module_severity = G_LOGGER.ERROR  # Polygraphy's per-output chatter goes to our summary instead
 
 
@@ -144,8 +145,7 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
             runner._meta = metadata_from(feeds[0])
     run_results = Comparator.run([reference, candidate], data_loader=feeds, use_subprocess=False)
     if report_dir is not None:
-        report_dir.mkdir(parents=True, exist_ok=True)
-        run_results.save(str(report_dir / f"{report_name or level}.runresults.json"))
+        atomic_write(report_dir / f"{report_name or level}.runresults.json", run_results.to_json().encode())
     ref_iters, test_iters = run_results[reference.name], run_results[candidate.name]
     names = [n for n in ref_iters[0].keys() if n in test_iters[0]]
     missing = [n for n in ref_iters[0].keys() if n not in test_iters[0]]

@@ -130,7 +130,8 @@ class Postprocess:
     def __init__(self, gpu: Gpu, decode: CompiledKernel, nms: CompiledKernel, inputs: Mapping[str, DeviceArray],
                  prefer: str = "auto"):
         if decode.params.get("mode") != "candidates":
-            raise KernelError("Postprocess needs the decode in mode 'candidates'")
+            raise KernelError(f"Postprocess needs the decode in mode 'candidates', got mode "
+                              f"{decode.params.get('mode')!r}")
         self.gpu, self.inputs = gpu, dict(inputs)
         self.decode, self.nms = ContractKernel(gpu, decode, prefer), ContractKernel(gpu, nms, prefer)
         self.decode_dims = self.decode.bind(self.inputs)

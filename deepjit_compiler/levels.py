@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+from polygraphy.backend.onnxrt import OnnxrtRunner
 
 from .data import concrete_shape, validation_feeds
-from .executor import PlanRunner, onnx_step, reference_model
+from .executor import PlanRunner, onnx_step, onnxrt_runner, reference_model
 from .gate import FunctionRunner, LevelResult, OutputResult, compare_runs, from_outputs, not_run
-from .onnxutil import model_bytes
 
 log = logging.getLogger("deepjit.validation")
 
@@ -40,7 +39,7 @@ def feeds_for(spec, plan) -> list[dict[str, np.ndarray]]:
     for sig in plan.inputs:
         inp = spec.inputs.get(sig.name)
         inputs[sig.name] = (sig.dtype, concrete_shape(sig.shape, _batch(spec, sig.name),
-                                                      inp.opt_shape if inp else None))
+                                                      inp.opt_shape if inp else None, name=sig.name))
     return validation_feeds(spec.validation, inputs)
 
 
@@ -67,7 +66,7 @@ def reference_runner(plan, model: onnx.ModelProto, name: str = "onnxruntime") ->
     have = {o.name for o in ref.graph.output}
     extra = [t.name for s in plan.sites for t in s.outputs if t.name not in have]
     ref.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in extra)
-    return OnnxrtRunner(SessionFromOnnx(model_bytes(ref)), name=name)
+    return onnxrt_runner(ref, name)
 
 
 def pipeline_runner(plan, overrides: Mapping, name: str) -> FunctionRunner:

@@ -46,7 +46,7 @@ def engine_level(bundle, segments: dict[str, Path], plans: dict[str, bytes]) -> 
         if step["kind"] != "segment":
             continue
         name = step["name"]
-        plan = SimpleNamespace(inputs=tuple(TensorSig(t["name"], t["dtype"], tuple(t["shape"])) for t in step["inputs"]))
+        plan = SimpleNamespace(inputs=tuple(TensorSig.from_dict(t) for t in step["inputs"]))
         feeds = feeds_for(spec, plan)
         trt = runner_for(EngineArtifact("tensorrt", name, {f"{name}.plan": plans[f"{name}.plan"]}), name="tensorrt")
         ort = runner_for(EngineArtifact("onnxruntime", name, {f"{name}.onnx": segments[name].read_bytes()}),

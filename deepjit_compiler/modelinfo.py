@@ -120,8 +120,8 @@ def describe_model(model: onnx.ModelProto | str | os.PathLike) -> ModelInfo:
         ir_version=model.ir_version,
         opset=default[0] if default else 0,
         opsets=opsets,
-        inputs=tuple(_tensor_info(v) for v in graph.input if v.name not in initializers),
-        outputs=tuple(_tensor_info(v) for v in graph.output),
+        inputs=tuple(tensor_info(v) for v in graph.input if v.name not in initializers),
+        outputs=tuple(tensor_info(v) for v in graph.output),
         ops=tuple(sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))),
         parameter_count=sum(_numel(t.dims) for g in graphs for t in g.initializer)
         + sum(_numel(s.dims) for g in graphs for s in g.sparse_initializer),
@@ -149,7 +149,8 @@ def _numel(dims) -> int:
     return n
 
 
-def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+def tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+    """A graph input or output's name, numpy dtype name and dims ('?' for an anonymous one)."""
     kind = value.type.WhichOneof("value")
     if kind != "tensor_type":
         return TensorInfo(value.name, kind or "unknown", None)

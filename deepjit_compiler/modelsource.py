@@ -9,14 +9,10 @@ from pathlib import Path
 import onnx
 
 from .errors import ModelError, SpecError, closest
-from .modelinfo import load_model
+from .modelinfo import load_model, tensor_info
 from .spec import LoadedSpec
 
 log = logging.getLogger("deepjit.model")
-
-_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
-           onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "uint8",
-           onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +40,6 @@ def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
     return ResolvedModel(src.path, model, hashlib.sha256(src.path.read_bytes()).hexdigest(), synthesized)
 
 
-def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-            for d in value_info.type.tensor_type.shape.dim]
-
-
 def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:
     """The spec's `inputs` must name graph inputs of the model, with matching rank, dtype and fixed dims.
 
@@ -65,11 +56,11 @@ def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:
                 continue
             raise SpecError(f"{where}: inputs.{name}: the model has no input '{name}'{closest(name, graph_inputs)}; "
                             f"model inputs: {', '.join(graph_inputs)}")
-        have = graph_inputs[name]
-        dtype = _DTYPES.get(have.type.tensor_type.elem_type, str(have.type.tensor_type.elem_type))
-        if dtype != want.dtype:
-            raise SpecError(f"{where}: inputs.{name}.dtype: the model's '{name}' is {dtype}, the spec says {want.dtype}")
-        dims = _dims(have)
+        have = tensor_info(graph_inputs[name])
+        if have.dtype != want.dtype:
+            raise SpecError(f"{where}: inputs.{name}.dtype: the model's '{name}' is {have.dtype}, "
+                            f"the spec says {want.dtype}")
+        dims = list(have.shape or ())
         if len(dims) != len(want.shape):
             raise SpecError(f"{where}: inputs.{name}.shape: the model's '{name}' has rank {len(dims)} {dims}, "
                             f"the spec gives {want.shape}")

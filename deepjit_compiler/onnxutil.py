@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,11 @@ class TensorSig:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TensorSig:
+        """The inverse of to_dict (a bundle manifest's tensor entries)."""
+        return cls(d["name"], d["dtype"], tuple(d["shape"]))
 
     @property
     def is_static(self) -> bool:
@@ -122,17 +127,21 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 def complete_value_info(model: onnx.ModelProto, names: Iterable[str]) -> tuple[onnx.ModelProto, list[str]]:
     """Make sure `names` have a dtype and a shape in `model.graph.value_info`: ONNX Runtime's symbolic
     shape inference first, then a run on random inputs. Returns the model and the names still unknown."""
-    names = list(dict.fromkeys(names))
-    missing = [n for n in names if not is_complete(value_info_map(model).get(n))]
+    missing = _incomplete(model, dict.fromkeys(names))
     if not missing:
         return model, []
     log.debug("ONNX shape inference left %d boundary tensors incomplete: %s", len(missing), missing)
     model = _merge_infos(model, _ort_symbolic(model), missing)
-    missing = [n for n in missing if not is_complete(value_info_map(model).get(n))]
+    missing = _incomplete(model, missing)
     if missing:
         model = _merge_infos(model, _ort_run_infos(model, missing), missing)
-        missing = [n for n in missing if not is_complete(value_info_map(model).get(n))]
+        missing = _incomplete(model, missing)
     return model, missing
+
+
+def _incomplete(model: onnx.ModelProto, names: Iterable[str]) -> list[str]:
+    infos = value_info_map(model)
+    return [n for n in names if not is_complete(infos.get(n))]
 
 
 def _merge_infos(model: onnx.ModelProto, infos: Mapping[str, onnx.ValueInfoProto], names: Sequence[str]) -> onnx.ModelProto:
@@ -383,15 +392,23 @@ def concrete_shapes(model: onnx.ModelProto, *, batch: int = 1, size: int = 640) 
 _PROBE_SIZES = ((1, 640), (2, 384))
 
 
-def canonical_dims(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+def canonical_dims(model: onnx.ModelProto, names: Iterable[str],
+                   probe_shapes: Callable[[], Sequence[Mapping[str, tuple[int, ...]]]] | None = None
+                   ) -> onnx.ModelProto:
     """Rename the symbolic dims of tensors `names` after the input dims they follow, so boundaries
     read ['batch', 64, 'height/8', 'width/8'] rather than ['unk__1', 64, 'unk__7', 'unk__8']: checked
     by ONNX shape inference at two input sizes, a dim equal to an input dim takes its name and one
-    equal to it divided by a fixed k becomes 'name/k'. Other dims keep their names."""
-    probes = [(input_dim_values(model, batch=b, size=z), concrete_shapes(model, batch=b, size=z))
-              for b, z in _PROBE_SIZES]
-    if not probes[0][0]:
-        return model
+    equal to it divided by a fixed k becomes 'name/k'. Other dims keep their names.
+
+    `probe_shapes`: gives the model's concrete_shapes at those two sizes (GraphIndex.concrete_shapes
+    of the same model, which caches them), so that the two shape inferences are not run again."""
+    values = [input_dim_values(model, batch=b, size=z) for b, z in _PROBE_SIZES]
+    if not values[0]:
+        return model  # no symbolic input dim: nothing to name after
+    shapes = probe_shapes() if probe_shapes is not None else None
+    if shapes is None or len(shapes) != len(_PROBE_SIZES):
+        shapes = [concrete_shapes(model, batch=b, size=z) for b, z in _PROBE_SIZES]
+    probes = list(zip(values, shapes))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     infos = value_info_map(out)

@@ -35,16 +35,16 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper, version_converter
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from . import calibration as cal
+from .engines.base import PRECISIONS
 from .errors import ModelError, SpecError, closest
+from .onnxutil import ort_session
 
 log = logging.getLogger("deepjit.precision")
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 LOW = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: ml_dtypes.bfloat16}
 BF16_OPSET = 22  # first opset whose Conv, MaxPool, ConstantOfShape... accept bfloat16
 
@@ -132,8 +132,8 @@ def _to_bfloat16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx
         try:
             model = version_converter.convert_version(model, BF16_OPSET)
         except Exception as e:  # the converter raises bare RuntimeErrors/ValueErrors per op
-            raise ModelError(f"bf16 needs ONNX opset {BF16_OPSET} (Conv takes bfloat16 from there); "
-                             f"upgrading the segment from opset {opset} failed: {e}") from None
+            raise ModelError(f"segment '{model.graph.name}': bf16 needs ONNX opset {BF16_OPSET} (Conv takes "
+                             f"bfloat16 from there); upgrading the segment from opset {opset} failed: {e}") from None
     opset = max(opset, BF16_OPSET)
     no_bf16 = {n.op_type for n in model.graph.node if not _has_bf16(n.op_type, opset, n.domain)}
     # fp32 originals by initializer name, and Constant values by node name: bf16 keeps fp32's
@@ -255,12 +255,13 @@ def measure_cost(reference: onnx.ModelProto, rewritten: onnx.ModelProto,
         raise ValueError("measure_cost needs at least one feed")
     # Both unoptimized: ORT's fusions (Conv+Activation...) reorder fp32 arithmetic, which is not
     # the precision's cost.
-    ref = _cpu_session(reference)
-    low = _cpu_session(emulate_in_fp32(rewritten))
+    ref = ort_session(reference)
+    low = ort_session(emulate_in_fp32(rewritten))
     names = [o.name for o in ref.get_outputs()]
     missing = set(names) - {o.name for o in low.get_outputs()}
     if missing:
-        raise ModelError(f"the rewritten segment lacks outputs {sorted(missing)} of the fp32 one")
+        raise ModelError(f"segment '{reference.graph.name}': the rewritten segment lacks outputs {sorted(missing)} "
+                         "of the fp32 one")
     types = {i.name: i.type for i in low.get_inputs()}
     diffs: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in names}
     scale = dict.fromkeys(names, 0.0)
@@ -288,13 +289,6 @@ def measure_cost(reference: onnx.ModelProto, rewritten: onnx.ModelProto,
 def _f(x) -> float:
     x = float(x)
     return x if math.isfinite(x) else float("inf")
-
-
-def _cpu_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 _ORT_NP = {"tensor(float)": np.float32, "tensor(double)": np.float64}

@@ -15,11 +15,10 @@ from typing import Any
 
 from .bundle import Bundle, read_bundle
 from .errors import StoreError, closest
+from .spec import LEVELS
 from .store import PushResult, open_store, parse_ref
 
 log = logging.getLogger("deepjit.publish")
-
-LEVELS = ("graph", "precision", "kernels", "end_to_end", "engine")
 
 
 def check_policy(manifest: Mapping[str, Any], require: Sequence[str]) -> None:

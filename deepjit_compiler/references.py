@@ -12,12 +12,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .detections import box_iou
+from .detections import NMS_OUTPUTS, box_iou
 from .errors import SurgeryError
 from .onnxutil import min_ir_version
 
+# NMS_OUTPUTS lives in detections.py and stays importable from here.
+__all__ = ["LETTERBOX_DEFAULTS", "LETTERBOX_DTYPES", "LETTERBOX_INPUT", "NMS_DEFAULTS", "NMS_OUTPUTS", "OPSET",
+           "letterbox_numpy", "letterbox_params", "letterbox_reference", "nms_numpy", "nms_params", "nms_reference"]
+
 OPSET = 17
-NMS_OUTPUTS = ("num_dets", "boxes", "scores", "classes")
 NMS_DEFAULTS: Mapping[str, Any] = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
 LETTERBOX_INPUT = "raw_images"
 LETTERBOX_DEFAULTS: Mapping[str, Any] = {"size": 640, "dtype": "float32", "swap_rb": True, "pad_value": 114}

@@ -148,7 +148,7 @@ def render(contract: Contract, params: Mapping[str, Any]) -> KernelSource:
         hint = closest(missing[0], params) if missing else ""
         raise KernelError(f"{contract.template_path}:{line}: {e.message}{hint}; the template sees the params "
                           f"{', '.join(params)} of {contract.path}") from None
-    except jinja2.TemplateError as e:
+    except (jinja2.TemplateError, KernelError) as e:  # KernelError: a filter's (f32 of a non-finite param)
         line = _template_line(e, contract.template_path)
         raise KernelError(f"{contract.template_path}:{line}: {e}") from None
     code, origin = _strip_marks(text)

@@ -68,9 +68,7 @@ def inspect_target(target: Path, *, suggest_cuts: bool = False) -> Inspection:
 
         data = describe(read_bundle(target))
         return Inspection(data, _render_bundle(data))
-    from .modelinfo import describe_model
-
-    from .modelinfo import load_model
+    from .modelinfo import describe_model, load_model
 
     model = load_model(target)
     data = describe_model(model).to_dict()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,14 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from .archive import atomic_write
 from .data import IMAGE_SUFFIXES, read_image
+from .detections import NMS_OUTPUTS
 from .errors import RuntimeInputError
 from .runtime_layout import InputInfo, Layout
 
 log = logging.getLogger("deepjit.run")
 
 TENSOR_SUFFIXES = (".npy", ".npz")
-DETECTIONS = ("num_dets", "boxes", "scores", "classes")
+DETECTIONS = NMS_OUTPUTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,16 +217,7 @@ def result_of(outputs: dict[str, np.ndarray], i: int, sample: Sample) -> dict[st
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _describe(pipe) -> dict[str, Any]:

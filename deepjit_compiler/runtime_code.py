@@ -10,6 +10,7 @@ from typing import Any
 from .errors import BundleError, KernelError, closest
 from .runtime_layout import KernelInfo, sm_of
 
+
 def _cuda(version: int) -> str:
     return f"CUDA {version // 1000}.{version % 1000 // 10}"
 

@@ -168,12 +168,13 @@ def _aliases(kind: str, facts: Mapping[str, Any], sigs: Sequence[TensorSig]) -> 
 def _kernel(step: str, index: int, entry: Mapping[str, Any], kind: str, facts: Mapping[str, Any],
             root: Path | None) -> KernelInfo:
     name = _field(entry, "contract", f"plan.steps[{step}].kernels[{index}]")
-    bundled = (entry.get("files") or {}).get("contract")
+    bundled = (entry.get("files") or {}).get("contract") if root is not None else None
     try:
-        contract = load_contract(str(root / bundled) if root is not None and bundled else name)
+        contract = load_contract(str(root / bundled) if bundled else name)
     except KernelError as e:
-        raise BundleError(f"step '{step}': kernel contract '{name}' cannot be loaded ({e}); the bundle carries no "
-                          "copy of it: rebuild it with this DeepJIT") from None
+        copy = f"its copy '{bundled}' in the bundle is unusable" if bundled else "the bundle carries no copy of it"
+        raise BundleError(f"step '{step}': kernel contract '{name}' cannot be loaded ({e}); {copy}: rebuild it "
+                          "with this DeepJIT") from None
     params = dict(_field(entry, "params", f"plan.steps[{step}].kernels[{index}]"))
     sigs = signature(contract, params)
     return KernelInfo(step, index, entry, contract, params, sigs, _aliases(kind, facts, sigs))

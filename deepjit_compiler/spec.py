@@ -333,7 +333,6 @@ def load_spec(path: str | Path) -> LoadedSpec:
         raise SpecError(f"{path}: cannot read spec: {e}") from None
     try:
         data = yaml.safe_load(text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -345,8 +344,8 @@ def load_spec(path: str | Path) -> LoadedSpec:
         raise SpecError(f"{path}:1:1: a spec is a mapping with keys {', '.join(Spec.model_fields)}")
     try:
         spec = Spec.model_validate(data, context={"base": path.parent.resolve()})
-    except ValidationError as e:
-        raise SpecError(describe_errors(e, path, root, Spec)) from None
+    except ValidationError as e:  # only now the node tree, for the file:line:col of each problem
+        raise SpecError(describe_errors(e, path, yaml.compose(text, Loader=yaml.SafeLoader), Spec)) from None
     return LoadedSpec(spec=spec, path=path.resolve(), text=text)
 
 

@@ -295,8 +295,7 @@ def _with_shape_subs(model: onnx.ModelProto, subs: Mapping[int, str]) -> onnx.ut
     return onnx.utils.Extractor(m)
 
 
-def _sigs(model: onnx.ModelProto, names: Sequence[str]) -> tuple[TensorSig, ...]:
-    infos = value_info_map(model)
+def _sigs(infos: Mapping[str, onnx.ValueInfoProto], names: Sequence[str]) -> tuple[TensorSig, ...]:
     return tuple(sig_from_value_info(infos[n]) for n in names)
 
 
@@ -324,21 +323,23 @@ def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any]) -> Plan:
         raise SurgeryError(f"{where}: cannot infer the dtype and shape of tensor '{missing[0]}' (ONNX shape "
                            "inference and ONNX Runtime both failed); move the boundary to a tensor whose "
                            "type is known")
-    complete = canonical_dims(complete, names)
+    # When ONNX inferred every boundary, `complete` is `inferred`: reuse the index's probe shapes.
+    complete = canonical_dims(complete, names, idx.concrete_shapes if complete is inferred else None)
     extractor = onnx.utils.Extractor(complete)
+    infos = value_info_map(complete)
     steps: list[Step] = []
     for p in pieces:
         subs = p.region.shape_subs if p.region is not None else {}
         m = _extract(_with_shape_subs(complete, subs) if subs else extractor, p, model)
-        ins, outs = _sigs(complete, p.inputs), _sigs(complete, p.outputs)
+        ins, outs = _sigs(infos, p.inputs), _sigs(infos, p.outputs)
         if p.region is None:
             steps.append(Segment(p.name, m, ins, outs))
         else:
             facts = {**p.region.facts, "inputs": [s.to_dict() for s in ins], "outputs": [s.to_dict() for s in outs],
                      "nodes": len(p.region.nodes), "ops": _ops(m)}
             steps.append(KernelSite(p.name, m, ins, outs, facts, tuple(p.region.cut.kernels)))
-    plan_in = list(_sigs(complete, idx.inputs))
-    plan_out = list(_sigs(complete, idx.outputs))
+    plan_in = list(_sigs(infos, idx.inputs))
+    plan_out = list(_sigs(infos, idx.outputs))
     before, after = _added_stages(idx, cuts, plan_in, plan_out)
     plan = Plan((*before, *steps, *after), tuple(plan_in), tuple(plan_out))
     log.info("surgery: %d steps (%s) in %.2f s", len(plan.steps),

@@ -14,7 +14,6 @@ import functools
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .archive import atomic_write
 from .errors import ModelError, closest
 from .synth_layers import Calibrator, GraphBuilder, c2f, seeded_rng, sppf
 
@@ -132,16 +132,7 @@ def write_synthetic(variant: str, path: str | os.PathLike, **kw) -> Path:
     """synthesize_yolov8(variant, **kw) saved to path atomically (parents created); returns path."""
     path = Path(path)
     data = synthesize_yolov8(variant, **kw).SerializeToString()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a model file is for everyone to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, data)
     log.info("wrote synthetic %s to %s (%d bytes)", variant, path, len(data))
     return path
 

@@ -18,12 +18,11 @@ from types import SimpleNamespace
 
 import onnx
 import yaml
-from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
 from .bundle import Bundle, read_bundle
-from .executor import compose_reference, onnx_step
+from .executor import compose_reference, onnx_step, onnxrt_runner
 from .gate import FunctionRunner, LevelResult, OutputResult, compare_runs, from_outputs
-from .onnxutil import TensorSig, model_bytes
+from .onnxutil import TensorSig
 
 log = logging.getLogger("deepjit.validation")
 
@@ -37,7 +36,7 @@ def spec_of(bundle: Bundle):
 
 
 def _sigs(items) -> tuple[TensorSig, ...]:
-    return tuple(TensorSig(t["name"], t["dtype"], tuple(t["shape"])) for t in items)
+    return tuple(TensorSig.from_dict(t) for t in items)
 
 
 def _steps(bundle: Bundle) -> list[SimpleNamespace]:
@@ -49,24 +48,25 @@ def _steps(bundle: Bundle) -> list[SimpleNamespace]:
     return steps
 
 
-def _cpu_tensors(steps, feed) -> dict:
+def _cpu_tensors(step_fns, feed) -> dict:
     """Every tensor of the pipeline with the bundle's segments and references on the CPU."""
     env = dict(feed)
-    for s in steps:
-        env.update(onnx_step(s.onnx)(env))
+    for run in step_fns:
+        env.update(run(env))
     return env
 
 
-def run_gpu_levels(bundle_path: Path, spec=None, report_dir: Path | None = None) -> list[LevelResult]:
+def run_gpu_levels(bundle_path: Path | Bundle, spec=None, report_dir: Path | None = None) -> list[LevelResult]:
     from .gpu import Gpu
     from .levels import feeds_for
 
-    bundle = read_bundle(bundle_path)
+    bundle = bundle_path if isinstance(bundle_path, Bundle) else read_bundle(bundle_path)
     spec = spec or spec_of(bundle)
     steps = _steps(bundle)
     plan = SimpleNamespace(inputs=_sigs(bundle.manifest["plan"]["inputs"]))
     feeds = feeds_for(spec, plan)
-    envs = [_cpu_tensors(steps, f) for f in feeds]
+    step_fns = [onnx_step(s.onnx) for s in steps]  # one ONNX Runtime session per step, for every feed
+    envs = [_cpu_tensors(step_fns, f) for f in feeds]
     gpu = Gpu()
     return [kernels_level(gpu, bundle, steps, envs, spec, report_dir),
             end_to_end_level(bundle, steps, feeds, spec, report_dir)]
@@ -119,7 +119,7 @@ def _decode_output0(gpu, bundle, step, entry, envs, tol, det, sites, report) -> 
         kernel.launch({**inputs, **outs}, dims)
         return {"output0": gpu.download(outs["output0"])}
 
-    return compare_runs("kernels", _ort(step.onnx, "reference"), FunctionRunner(run, "decode"),
+    return compare_runs("kernels", onnxrt_runner(step.onnx, "reference"), FunctionRunner(run, "decode"),
                         _feeds(envs, step.inputs_sig), tol, **report)
 
 
@@ -140,7 +140,7 @@ def _nms_chain(gpu, bundle, step, entry, envs, tol, det, sites, report) -> Level
     nms_ref = SimpleNamespace(name=step.name, position="after", reference=step.onnx, inputs=step.inputs_sig,
                               outputs=step.outputs_sig)
     reference = compose_reference(site.onnx, [nms_ref])
-    return compare_runs("kernels", _ort(reference, "reference"), FunctionRunner(run, "decode+nms"),
+    return compare_runs("kernels", onnxrt_runner(reference, "reference"), FunctionRunner(run, "decode+nms"),
                         _feeds(envs, site.inputs_sig), tol, detection_params=det, **report)
 
 
@@ -154,7 +154,7 @@ def _letterbox(gpu, bundle, step, entry, envs, tol, det, sites, report) -> Level
         lb.launch()
         return lb.results()
 
-    return compare_runs("kernels", _ort(step.onnx, "reference"), FunctionRunner(run, "letterbox"),
+    return compare_runs("kernels", onnxrt_runner(step.onnx, "reference"), FunctionRunner(run, "letterbox"),
                         _feeds(envs, step.inputs_sig), tol, **report)
 
 
@@ -171,15 +171,11 @@ def _generic(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelRe
         kernel.launch({**inputs, **outs}, dims)
         return {k: gpu.download(v) for k, v in outs.items()}
 
-    return compare_runs("kernels", _ort(step.onnx, "reference"), FunctionRunner(run, entry["contract"]),
+    return compare_runs("kernels", onnxrt_runner(step.onnx, "reference"), FunctionRunner(run, entry["contract"]),
                         _feeds(envs, step.inputs_sig), tol, **report)
 
 
 _CHECKS = {"yolov8_decode": _decode_output0, "nms": _nms_chain, "letterbox": _letterbox}
-
-
-def _ort(model: onnx.ModelProto, name: str) -> OnnxrtRunner:
-    return OnnxrtRunner(SessionFromOnnx(model_bytes(model)), name=name)
 
 
 def end_to_end_level(bundle: Bundle, steps, feeds, spec, report_dir: Path | None = None) -> LevelResult:
@@ -192,7 +188,7 @@ def end_to_end_level(bundle: Bundle, steps, feeds, spec, report_dir: Path | None
     lossy = bundle.manifest["engine"]["precision"] != "fp32"
     tol = spec.validation.precision_tolerances if lossy else spec.validation.tolerances
     with Pipeline.load(bundle) as pipeline:
-        result = compare_runs("end_to_end", _ort(reference, "reference"), FunctionRunner(pipeline, "deepjit"),
+        result = compare_runs("end_to_end", onnxrt_runner(reference, "reference"), FunctionRunner(pipeline, "deepjit"),
                               feeds, tol, detection_params=tol.detections.model_dump(), report_dir=report_dir)
     why = "the pipeline on this GPU (CUDA graphs) against ONNX Runtime on the original model"
     return LevelResult(result.level, result.status, why + (" (lossy precision: precision tolerances)" if lossy else ""),
@@ -210,7 +206,7 @@ def validate_bundle(bundle_path: Path) -> tuple[Bundle, list[LevelResult]]:
     record = bundle.manifest["validation"]["levels"]
     if local_device_sm() is None:
         raise_no_gpu()
-    levels = run_gpu_levels(bundle.root, report_dir=Path(f"{bundle.root}.report"))
+    levels = run_gpu_levels(bundle, report_dir=Path(f"{bundle.root}.report"))  # verified once, above
     if not bundle.manifest["engine"].get("plans"):
         levels.append(not_run("engine", "no TensorRT plans in the bundle: `deepjit materialize` on the target"))
     kept = [LevelResult(name, lv["status"], lv.get("reason", ""), tuple(

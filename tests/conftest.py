@@ -8,8 +8,20 @@ from pathlib import Path
 
 import pytest
 
+import registry  # tests/registry.py: a real OCI registry on loopback
+
+# Its fixtures, for every test module. Bound by assignment rather than `from registry import ...` in
+# each module, which pyflakes reports as unused imports shadowed by the test arguments.
+registry_server = registry.registry_server
+auth_registry_server = registry.auth_registry_server
+
 REPO = Path(__file__).resolve().parent.parent
 PIPELINES = REPO / "pipelines"
+
+# The CPU build tests' variant of pipelines/yolov8_t4.yaml: yolov8n (a third of yolov8s's time), every
+# path inside the spec's own folder (model, bundle under out/yolov8n_t4, file:// store).
+YOLOV8N_T4 = {"path: ../models/yolov8s.onnx": "path: models/yolov8n.onnx", "synthesize: yolov8s": "synthesize: yolov8n",
+              "file://../build/store": "file://store", "path: ../build/yolov8s_t4": "path: out/yolov8n_t4"}
 
 
 def _has_gpu() -> bool:
@@ -44,6 +56,21 @@ def write_spec(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def t4_build(tmp_path_factory):
+    """One full build (published to its own file:// store) of the YOLOV8N_T4 spec, shared by the tests
+    that need a built bundle: test_build compares a second build against it, test_runtime loads it."""
+    from deepjit_compiler.build import build_pipeline
+
+    folder = tmp_path_factory.mktemp("t4-build")
+    body = (PIPELINES / "yolov8_t4.yaml").read_text()
+    for old, new in YOLOV8N_T4.items():
+        assert old in body, f"test bug: {old!r} is not in the spec"
+        body = body.replace(old, new)
+    (folder / "spec.yaml").write_text(body)
+    return build_pipeline(folder / "spec.yaml")
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:

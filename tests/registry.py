@@ -4,8 +4,8 @@
 `workdir`, http on 127.0.0.1:<free port>, deletes enabled, optional htpasswd users), starts
 `docker-registry serve`, waits for `GET /v2/` and stops the server afterwards. The fixtures
 `registry_server` (anonymous) and `auth_registry_server` (one bcrypt htpasswd user) wrap it and
-skip with a reason when the binary is missing; `.ci/run` installs it with apt. To use them from
-another test module or conftest.py: `from registry import registry_server, auth_registry_server`.
+skip with a reason when the binary is missing; `.ci/run` installs it with apt. tests/conftest.py
+makes both fixtures available to every test module: ask for them by argument name.
 """
 from __future__ import annotations
 

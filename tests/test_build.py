@@ -1,5 +1,6 @@
 """`deepjit build` end to end on the CPU: surgery, graph + precision levels, kernels, bundle, gate, publish."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -7,21 +8,20 @@ from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.bundle import read_bundle
 from deepjit_compiler.errors import StoreError
 
-from conftest import run_cli
-from registry import registry_server  # noqa: F401  (fixture: a real registry on loopback)
+from conftest import YOLOV8N_T4, run_cli
 
-N = {"path: ../models/yolov8s.onnx": "path: models/yolov8n.onnx", "synthesize: yolov8s": "synthesize: yolov8n",
-     "file://../build/store": "file://store", "path: ../build/yolov8s_t4": "path: out/yolov8n_t4"}
+N = YOLOV8N_T4  # tests/gpu/test_gate_gpu.py builds the same variant
 
 
 def _spec(write_spec, **extra):
     return write_spec({**N, **extra})
 
 
-def test_build_writes_validated_reproducible_bundle(write_spec, tmp_path):
-    spec = _spec(write_spec)
-    result = build_pipeline(spec)
-    bundle = read_bundle(tmp_path / "out/yolov8n_t4")
+@pytest.mark.slow  # a full build
+def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_path):
+    result = t4_build  # the first build, in its own folder (conftest.py)
+    first = Path(result.spec.path).parent
+    bundle = read_bundle(first / "out/yolov8n_t4")
     m = bundle.manifest
     levels = m["validation"]["levels"]
     assert levels["graph"]["status"] == "passed" and levels["precision"]["status"] == "passed"
@@ -36,20 +36,21 @@ def test_build_writes_validated_reproducible_bundle(write_spec, tmp_path):
             assert k["arch"] == "sm_75" and k["ptx_arch"] == "compute_75"
             assert bundle.file(k["files"]["cubin"]).read_bytes()[:4] == b"\x7fELF"
             assert ".target sm_75" in bundle.file(k["files"]["ptx"]).read_text()
-    assert "/tmp/" not in json.dumps(m) and str(tmp_path) not in json.dumps(m)
+    assert "/tmp/" not in json.dumps(m) and str(first) not in json.dumps(m)
     digest = result.bundle.digest
-    first_tar = (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes()
-    again = build_pipeline(spec, publish=False)
+    assert bundle.digest == digest and result.published.digest == digest
+    # The same spec built again in another folder: the same bytes, kernels from the compile cache.
+    again = build_pipeline(_spec(write_spec), publish=False)
     assert again.bundle.digest == digest
-    assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == first_tar
+    assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == (first / "out/yolov8n_t4.tar.gz").read_bytes()
     assert all(k.from_cache for ks in again.kernels.values() for k in ks)  # the second build hits the cache
-    assert result.published.digest == digest
     from polygraphy.comparator import RunResults
 
-    runs = RunResults.load(str(tmp_path / "out/yolov8n_t4.report/precision.runresults.json"))
+    runs = RunResults.load(str(first / "out/yolov8n_t4.report/precision.runresults.json"))
     assert [name for name, _ in runs] == ["fp32", "fp16"] and len(runs["fp16"]) == 2  # 2 samples
 
 
+@pytest.mark.slow  # a full build
 def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     strict = ("  gate: true", "  precision_tolerances:\n    default: {atol: 0.0, rtol: 0.0}\n"
               "    detections: {min_iou: 1.0, score_atol: 0.0}\n  gate: true")
@@ -66,6 +67,7 @@ def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     assert not (tmp_path / "store").exists()  # nothing published
 
 
+@pytest.mark.slow  # a full build
 def test_publish_refused_by_policy(write_spec, tmp_path):
     spec = _spec(write_spec, **{"require: [graph, precision]": "require: [graph, precision, kernels]"})
     with pytest.raises(StoreError, match="kernels"):
@@ -87,7 +89,8 @@ def test_dry_run_json_plan_both_layouts(write_spec, layout, dynamic):
     assert [t["name"] for t in plan[-1]["outputs"]] == ["num_dets", "boxes", "scores", "classes"]
 
 
-def test_build_publishes_to_an_oci_registry(write_spec, tmp_path, registry_server):  # noqa: F811
+@pytest.mark.slow  # a full build
+def test_build_publishes_to_an_oci_registry(write_spec, tmp_path, registry_server):
     url = f"oci://{registry_server.host}/deepjit/yolov8n"
     result = build_pipeline(_spec(write_spec, **{"store: file://store": f"store: {url}"}))
     from deepjit_compiler import store

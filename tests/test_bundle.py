@@ -160,7 +160,10 @@ def test_refuses_absolute_paths_of_this_machine_in_the_manifest(tmp_path, sample
     assert not (tmp_path / "b").exists()
     # ONNX names look like paths but are not; the spec text may quote a path on one of its lines.
     ok = {**manifest, "spec": {**manifest["spec"], "text": f"model: {tmp_path}/tiny.onnx\nname: x\n"}}
-    write_bundle(tmp_path / "b", files, ok)
+    info = write_bundle(tmp_path / "b", files, ok)
+    written = read_bundle(info.path).manifest
+    assert written["spec"]["text"] == ok["spec"]["text"] and written["model"] == manifest["model"]
+    assert written["kernels"][0]["cut_inputs"] == ["/model.22/Concat_output_0"]
 
 
 @pytest.mark.parametrize("extra, message", [

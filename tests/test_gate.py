@@ -25,10 +25,10 @@ def _feeds(seed=0, n=3):
     return [{"x": rng.normal(size=(4, 8)).astype(np.float32)} for _ in range(n)]
 
 
-def _candidate(error: float):
+def _candidate(error: float, z_error: float = 0.0):
     def fn(feeds):
         x = feeds["x"]
-        return {"y": 1 / (1 + np.exp(-x)) + error, "z": np.maximum(x, 0)}
+        return {"y": 1 / (1 + np.exp(-x)) + error, "z": np.maximum(x, 0) + z_error}
     return fn
 
 
@@ -42,6 +42,7 @@ def test_gate_passes_within_tolerance(tmp_path):
                           report_dir=tmp_path)
     assert result.status == "passed", result
     assert {o.name for o in result.outputs} == {"y", "z"}
+    assert all(o.passed and o.max_abs < 1e-5 for o in result.outputs), result.outputs
     assert (tmp_path / "kernels.runresults.json").stat().st_size > 0
 
 
@@ -61,6 +62,11 @@ def test_per_output_tolerance_loosens_only_that_output():
     tol = Tolerances(default=Tolerance(atol=1e-5, rtol=1e-5), outputs={"y": Tolerance(atol=1e-2, rtol=0)})
     result = compare_runs("kernels", _reference(), FunctionRunner(_candidate(3e-3), "deepjit"), _feeds(2), tol)
     assert result.status == "passed"
+    # the same error on z is still held to the default tolerance
+    both = compare_runs("kernels", _reference(), FunctionRunner(_candidate(3e-3, z_error=3e-3), "deepjit"),
+                        _feeds(2), tol)
+    assert both.status == "failed"
+    assert [o.name for o in both.outputs if not o.passed] == ["z"]
 
 
 def _dets(rng, n, max_det=10):

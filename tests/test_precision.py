@@ -257,12 +257,15 @@ def test_calibration_cache_hit_skips_calibration(tmp_path, calibrations):
 
 def test_corrupt_calibration_cache_entry_is_a_miss(tmp_path, calibrations):
     model, settings = conv_softmax_model(), random_calibration(tmp_path)
-    apply_precision(model, "int8", calibration=settings)
+    first = apply_precision(model, "int8", calibration=settings)
     (entry,) = (tmp_path / "calib").glob("*.json")
+    good = entry.read_text()
+    assert json.loads(good)
     entry.write_text("{ not json")
-    apply_precision(model, "int8", calibration=settings)
-    assert len(calibrations) == 2
-    json.loads(entry.read_text())  # rewritten whole
+    again = apply_precision(model, "int8", calibration=settings)
+    assert len(calibrations) == 2  # calibrated again instead of reading the broken entry
+    assert entry.read_text() == good  # rewritten whole, with the same ranges
+    assert again.SerializeToString() == first.SerializeToString()
 
 
 # -- calibration data -----------------------------------------------------------------------------

@@ -11,11 +11,6 @@ from deepjit_compiler.errors import BundleError, StoreError
 from deepjit_compiler.publish import LEVELS, check_policy, publish
 from deepjit_compiler.store import open_store
 
-try:  # the registry fixture; tests/ is on sys.path unless tests/ became a package
-    from registry import registry_server  # noqa: F401
-except ImportError:
-    from tests.registry import registry_server  # noqa: F401
-
 ALL_PASSED = {lvl: {"status": "passed", "reason": ""} for lvl in LEVELS}
 
 
@@ -29,8 +24,11 @@ def make_bundle(dest: Path, seed: int, levels: dict | None):
 
 def test_policy_accepts_required_levels_that_passed():
     levels = {**ALL_PASSED, "engine": {"status": "not_run", "reason": "TensorRT is not installed"}}
-    check_policy({"validation": {"levels": levels}}, ["graph", "precision", "kernels", "end_to_end"])
-    check_policy({"validation": {"levels": {}}}, [])
+    assert check_policy({"validation": {"levels": levels}}, ["graph", "precision", "kernels", "end_to_end"]) is None
+    assert check_policy({"validation": {"levels": {}}}, []) is None
+    # the same record with the level that did not run required: refused, so the pass above was a real check
+    with pytest.raises(StoreError, match="engine: did not run: TensorRT is not installed"):
+        check_policy({"validation": {"levels": levels}}, ["graph", "engine"])
 
 
 def test_policy_names_each_level_that_did_not_run_or_pass():

@@ -139,11 +139,16 @@ def test_letterbox_geometry_by_hand():
     assert np.all(canvas[:, 560:] == np.float32(114) / np.float32(255))
     np.testing.assert_array_equal(canvas[:, 80:560], images[0].transpose(2, 0, 1).astype(np.float32) / np.float32(255))
     # 100x50 into 64: r = 0.64, new 64x32, dw = 16 -> left = round(15.9) = 16; BGR -> RGB swaps channel 0 and 2.
-    img = np.zeros((1, 100, 50, 3), np.uint8)
-    img[..., 0] = 255
+    # One colour per channel (a resize keeps a flat colour), so a channel taken from the wrong place shows.
+    bgr = (200, 90, 30)
+    img = np.empty((1, 100, 50, 3), np.uint8)
+    img[...] = bgr
     out = run(letterbox_reference(size=64, swap_rb=True), raw_images=img)
     np.testing.assert_allclose(out["ratio_pad"], [[0.64, 16.0, 0.0]], rtol=1e-7)
-    assert np.all(out["images"][0, 2, :, 16:48] == 1.0) and np.all(out["images"][0, 0, :, 16:48] == 0.0)
+    content, pad = out["images"][0, :, :, 16:48], out["images"][0, :, :, :16]
+    for channel, value in enumerate(bgr[::-1]):
+        assert np.all(content[channel] == np.float32(value) / np.float32(255)), f"channel {channel}"
+    assert np.all(pad == np.float32(114) / np.float32(255))
 
 
 def test_letterbox_float16_and_pad_value():

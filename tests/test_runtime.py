@@ -27,9 +27,9 @@ from deepjit_compiler.runtime_code import choose_code
 from deepjit_compiler.runtime_inputs import bucket_for
 from deepjit_compiler.runtime_layout import Layout
 
-REPO = Path(__file__).resolve().parent.parent
-YOLOV8N = {"path: ../models/yolov8s.onnx": "path: models/yolov8n.onnx", "synthesize: yolov8s": "synthesize: yolov8n",
-           "file://../build/store": "file://store"}
+from conftest import REPO, YOLOV8N_T4
+
+YOLOV8N = {old: new for old, new in YOLOV8N_T4.items() if not new.startswith("path: out/")}  # out/<name> here
 LETTERBOX = {
     "cuts:\n": "cuts:\n  - name: letterbox\n    add: before\n    at: images\n    kernels:\n"
                "      - contract: letterbox\n        params: {size: 640}\n",
@@ -57,8 +57,8 @@ def build_variant(folder: Path, name: str, extra: dict[str, str] | None = None) 
 
 
 @pytest.fixture(scope="session")
-def t4_bundle(tmp_path_factory) -> Path:
-    return build_variant(tmp_path_factory.mktemp("rt"), "yolov8n_t4")
+def t4_bundle(t4_build) -> Path:
+    return t4_build.bundle.path  # conftest.py's build of the same spec build_variant would write
 
 
 @pytest.fixture(scope="session")
@@ -486,9 +486,11 @@ def test_letterbox_on_the_gpu_then_the_cpu_engine(lb_bundle, fake):
         after_load = pipe.allocations
         geometry = []
 
+        letterboxed = np.random.default_rng(7).random((2, 3, 640, 640), dtype=np.float32)
+
         def letterbox(grid, args):  # args: raw, H, W, images, ratio_pad, new_w, new_h, left, top, sx, sy, r
             geometry.append(tuple(float(a) for a in (args[1], args[2], *args[5:9], args[11])))
-            write_at(args[3], np.full((grid[2], 3, 640, 640), 0.5, np.float32))
+            write_at(args[3], letterboxed[:grid[2]])
         gpu.hooks["letterbox"] = letterbox
         raw = np.random.default_rng(6).integers(0, 256, (2, 48, 64, 3), dtype=np.uint8)
         mark = len(gpu.log)
@@ -500,7 +502,7 @@ def test_letterbox_on_the_gpu_then_the_cpu_engine(lb_bundle, fake):
         assert kinds.count("sync") == 2          # before the CPU engine, and at the end
         assert events[kinds.index("h2d")] == ("h2d", raw.nbytes)
         assert ("d2h", 2 * 3 * 640 * 640 * 4) in events          # the letterboxed images, to the engine
-        heads = segment_heads(lb_bundle, np.full((2, 3, 640, 640), 0.5, np.float32))
+        heads = segment_heads(lb_bundle, letterboxed)
         for name, want in heads.items():
             np.testing.assert_allclose(device_array(pipe._buffers[name], want.shape), want, rtol=1e-6, atol=1e-6)
         assert pipe.allocations == after_load   # a new image size captures a graph, allocates nothing
@@ -527,16 +529,22 @@ def test_npy_rows_and_single_samples(tmp_path, t4_layout):
 
 
 def test_uint8_image_is_letterboxed_on_the_host(tmp_path, t4_layout):
-    bgr = np.empty((32, 64, 3), np.uint8)
-    bgr[...] = (10, 20, 30)
+    from deepjit_compiler.onnxutil import ort_session
+    from deepjit_compiler.references import letterbox_reference
+
+    bgr = np.random.default_rng(12).integers(0, 256, (32, 64, 3), dtype=np.uint8)
     np.save(tmp_path / "img.npy", bgr)
     (s,) = runbundle.load_samples([tmp_path / "img.npy"], t4_layout)
-    # 32 x 64 into 640: r = 10, content 640 x 320 at top = round(160 - 0.1) = 160
+    # 32 x 64 into 640: r = 10, content 640 x 320 at top = round(160 - 0.1) = 160, rows 160..479
     assert s.size == (32, 64) and s.ratio_pad == (10.0, 0.0, 160.0)
     x = s.feed["images"]
     assert x.shape == (1, 3, 640, 640) and x.dtype == np.float32
-    np.testing.assert_allclose(x[0, :, 0, 0], 114 / 255, rtol=1e-6)                  # padding
-    np.testing.assert_allclose(x[0, :, 320, 320], np.array([30, 20, 10]) / 255, rtol=1e-6)  # RGB content
+    pad = np.float32(114) / np.float32(255)
+    assert (x[0, :, :160] == pad).all() and (x[0, :, 480:] == pad).all()
+    assert not (x[0, :, 160] == pad).all() and not (x[0, :, 479] == pad).all()
+    # BGR in, RGB out, as the ONNX letterbox reference computes it (runbundle letterboxes in numpy)
+    want = ort_session(letterbox_reference(size=640, swap_rb=True)).run(["images"], {"raw_images": bgr[None]})[0]
+    np.testing.assert_allclose(x, want, atol=2e-5, rtol=0)
 
 
 def test_inputs_that_cannot_be_read(tmp_path, t4_layout, lb_bundle, monkeypatch):

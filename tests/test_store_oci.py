@@ -26,11 +26,6 @@ from deepjit_compiler.store.oci import (
     ANN_DIGEST, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE, OCI_MANIFEST, PASSWORD_ENV, USER_ENV,
 )
 
-try:  # the fixtures; tests/ is on sys.path unless tests/ became a package
-    from registry import auth_registry_server, registry_server  # noqa: F401
-except ImportError:
-    from tests.registry import auth_registry_server, registry_server  # noqa: F401
-
 
 def make_bundle(dest: Path, seed: int, name: str = "tiny"):
     rng = random.Random(seed)

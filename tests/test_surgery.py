@@ -34,10 +34,6 @@ def names(sigs):
     return [s.name for s in sigs]
 
 
-def x_input(rng, batch=2, shape=(4, 8, 8)):
-    return rng.standard_normal((batch, *shape)).astype(np.float32)
-
-
 # --- cuts and segments --------------------------------------------------------------------------
 
 
@@ -159,14 +155,19 @@ def detector_cuts(**params):
 
 
 def test_added_stages_wrap_the_model_and_replace_its_inputs_and_outputs():
-    plan = plan_from_model(tiny_detector(), detector_cuts(nms={"max_det": 5, "iou_threshold": 0.5}))
+    # conf_threshold 0.01: tiny_detector's scores stay below the default 0.25, and a reassembly check
+    # over NMS outputs with no detection in them would compare nothing but zeros.
+    plan = plan_from_model(tiny_detector(), detector_cuts(nms={"max_det": 5, "iou_threshold": 0.5,
+                                                               "conf_threshold": 0.01}))
     assert kinds(plan) == [("added", "lb"), ("segment", "segment"), ("added", "nms")]
     lb, _, nms = plan.steps
     assert isinstance(lb, AddedStage) and lb.position == "before" and nms.position == "after"
     assert plan.inputs == (TensorSig("raw_images", "uint8", ("batch", "height", "width", 3)),)
     assert names(plan.outputs) == ["num_dets", "boxes", "scores", "classes", "ratio_pad"]
     assert plan.step("nms").outputs[1] == TensorSig("boxes", "float32", ("batch", 5, 4))
-    assert nms.params == {"conf_threshold": 0.25, "iou_threshold": 0.5, "max_det": 5, "agnostic": False, "num_classes": 3}
+    assert nms.params == {"conf_threshold": 0.01, "iou_threshold": 0.5, "max_det": 5, "agnostic": False, "num_classes": 3}
+    assert plan_from_model(tiny_detector(), detector_cuts()).step("nms").params == {
+        "conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False, "num_classes": 3}  # defaults
     assert names(nms.inputs) == ["output0"] and lb.outputs[0] == TensorSig("images", "float32", ("N", 3, 32, 32))
     report = check_reassembly(plan, tiny_detector(), seed=0, samples=2, batch=2, dims={"height": 40, "width": 24})
     assert report.passed, report.describe()

@@ -289,6 +289,7 @@ def test_bad_arguments_raise_model_error(kw, match):
         synthesize_yolov8(variant, **kw)
 
 
+@pytest.mark.slow  # yolov8s: 3x yolov8n's calibration and inference
 def test_yolov8s_count_check_and_run():
     m = synthesize_yolov8("yolov8s", seed=0)
     n = weight_count(m)

@@ -88,7 +88,7 @@ def materialize(segment_paths: Mapping[str, str | Path] | Sequence[str | Path], 
         raw = json.loads(settings_json) if isinstance(settings_json, str) else dict(settings_json)
         settings = EngineSettings.from_dict(raw)
     except (SpecError, ValueError, KeyError, TypeError) as e:
-        raise BundleError(f"deferred engine settings are malformed: {e}") from None
+        raise BundleError(f"manifest engine.settings: deferred engine settings are malformed: {e}") from None
     named = segment_paths.items() if isinstance(segment_paths, Mapping) else [(Path(p).stem, p) for p in segment_paths]
     plans: dict[str, bytes] = {}
     for name, path in named:

@@ -91,3 +91,8 @@ def test_materialize_builds_deferred_segments(tmp_path):
     onnx.save(segment(), path)
     plans = materialize({"engine": path}, json.dumps(deferred_settings(settings("fp32", tmp_path))))
     assert list(plans) == ["engine.plan"] and plans["engine.plan"]
+    # the plan is a working engine of that segment, not just bytes
+    x = np.random.default_rng(2).uniform(0, 1, size=(2, 3, 32, 32)).astype(np.float32)
+    with TrtEngineRunner(plans["engine.plan"]) as runner:
+        out = runner.infer({"images": x})["out"]
+    np.testing.assert_allclose(out, reference(segment(), x), atol=1e-3, rtol=1e-3)

@@ -359,7 +359,6 @@ def test_graph_replay_matches_plain_launches(gpu, cache):
     nms = build("nms", {}, facts, target, cache)
     rng = np.random.default_rng(99)
     batches = [head_maps(rng, 4) for _ in range(3)]
-    names = decode_input_names(facts)
     host = lambda maps: {f"{r}_{i}": lv[r] for i, lv in enumerate(maps) for r in ("box", "cls")}  # noqa: E731
     post = Postprocess(gpu, decode, nms, {k: gpu.upload(v) for k, v in host(batches[0]).items()})
     plain = []
@@ -378,7 +377,7 @@ def test_graph_replay_matches_plain_launches(gpu, cache):
         got = post.results()
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-    assert names and plain[0]["num_dets"].min() > 0
+    assert all(p["num_dets"].min() > 0 for p in plain)  # every image had detections to compare
 
 
 def test_sm75_cubin_does_not_load_on_a_newer_gpu(gpu, cache):

@@ -85,7 +85,7 @@ def bundles(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("runtime-gpu")
     out = {}
     with pytest.MonkeyPatch.context() as mp:  # the kernels/end_to_end levels are validate.py's to test
-        mp.setattr(levels, "gpu_levels", lambda path, spec: [not_run("kernels", "runtime test"),
+        mp.setattr(levels, "gpu_levels", lambda path, spec, report_dir=None: [not_run("kernels", "runtime test"),
                                                               not_run("end_to_end", "runtime test")])
         for name, spec in write_specs(folder, gpu_mod.Gpu().sm).items():
             out[name] = build_pipeline(spec, publish=False).bundle.path
@@ -204,10 +204,15 @@ def test_letterbox_pipeline_matches_its_references(bundles):
     rng = np.random.default_rng(44)
     with Pipeline.load(bundles["yolov8n_lb"]) as pipe:
         allocations = pipe.allocations
-        for shape in ((2, 480, 640, 3), (3, 360, 500, 3)):        # a new size captures a new graph
-            raw = rng.integers(0, 256, shape, dtype=np.uint8)
+        # r = 1, then r = 0.5 (a new size captures a new graph). The second is noise in 2x2 blocks: the
+        # letterbox halves it back to plain noise, on which the synthetic detector fires; upscaled
+        # noise (a 360x500 image) gives no detections at all, and an empty comparison.
+        for (n, h, w), block in (((2, 480, 640), 1), ((3, 720, 1280), 2)):
+            raw = rng.integers(0, 256, (n, h // block, w // block, 3), dtype=np.uint8)
+            raw = raw.repeat(block, axis=1).repeat(block, axis=2)
             got = pipe({"raw_images": raw})
             want = reference(bundles["yolov8n_lb"], {"raw_images": raw})
+            assert want["num_dets"].min() > 0, "no detections: the comparison would prove nothing"
             np.testing.assert_allclose(got["ratio_pad"], want["ratio_pad"], rtol=1e-6)
             assert_same_detections(want, got, min_iou=0.98, score_atol=1e-3)
         assert pipe.allocations == allocations
@@ -234,17 +239,22 @@ def test_run_bundle_maps_boxes_into_the_image(bundles, tmp_path):
     from deepjit_compiler.runbundle import run_bundle
 
     image = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
-    rgb = np.random.default_rng(5).integers(0, 256, (300, 500, 3), dtype=np.uint8)
+    # Noise in 2x2 blocks: the 0.5x letterbox gives back plain noise, on which the synthetic YOLOv8n
+    # detects (~190 boxes on the CPU reference). Upscaled noise (a 300x500 image) gives none, which
+    # would leave nothing to map.
+    small = np.random.default_rng(5).integers(0, 256, (360, 640, 3), dtype=np.uint8)
+    rgb = small.repeat(2, axis=0).repeat(2, axis=1)             # 720 x 1280: r = 0.5, top = 140
     image.fromarray(rgb).save(tmp_path / "a.png")
     np.save(tmp_path / "b.npy", rgb[..., ::-1].copy())          # the same image as BGR uint8
     for name in ("yolov8n_native", "yolov8n_lb"):              # host letterbox, GPU letterbox
         result = run_bundle(bundles[name], [tmp_path / "a.png", tmp_path / "b.npy"], tmp_path / f"{name}.json")
         a, b = result["results"]
-        assert a["boxes_in"] == b["boxes_in"] == "image" and a["size"] == [300, 500]
+        assert a["boxes_in"] == b["boxes_in"] == "image" and a["size"] == [720, 1280]
+        assert a["detections"], f"{name}: no detections, nothing was mapped"
         assert a["detections"] == b["detections"]
         for d in a["detections"]:
             x1, y1, x2, y2 = d["box"]
-            assert 0 <= x1 <= x2 <= 500 and 0 <= y1 <= y2 <= 300
+            assert 0 <= x1 <= x2 <= 1280 and 0 <= y1 <= y2 <= 720
         assert json.loads((tmp_path / f"{name}.json").read_text())["results"] == result["results"]
 
 
