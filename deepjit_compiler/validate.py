@@ -202,6 +202,11 @@ def validate_bundle(bundle_path: Path) -> tuple[Bundle, list[LevelResult]]:
     from .engines import local_device_sm
     from .gate import GateReport, not_run
 
+    if not Path(bundle_path).is_dir():
+        from .errors import BundleError
+
+        raise BundleError(f"{bundle_path}: `deepjit validate` records its results in a bundle folder; "
+                          "unpack the archive first (`deepjit pull REF DIR`)")
     bundle = read_bundle(bundle_path)
     record = bundle.manifest["validation"]["levels"]
     if local_device_sm() is None:

@@ -86,3 +86,14 @@ def test_internal_error_exits_3_with_traceback(monkeypatch, capsys):
     assert cli.main(["schema"]) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError" in err and "internal error" in err
+
+
+def test_validate_needs_a_bundle_folder_and_a_gpu(t4_build):
+    archive = f"{t4_build.bundle.path}.tar.gz"
+    r = run_cli("validate", archive)
+    assert r.returncode == 2 and "records its results in a bundle folder" in r.stderr
+    from conftest import HAS_GPU
+
+    if not HAS_GPU:
+        r = run_cli("validate", str(t4_build.bundle.path))
+        assert r.returncode == 2 and "need an NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr
