@@ -34,7 +34,7 @@ def engine_path(rel: str) -> str:
 
 
 def bundle_files(loaded, resolved, plan, kernels, artifacts) -> dict[str, bytes]:
-    files: dict[str, bytes] = {SPEC_FILE: loaded.text.encode(), MODEL_FILE: resolved.path.read_bytes()}
+    files: dict[str, bytes] = {SPEC_FILE: loaded.text.encode(), MODEL_FILE: resolved.data}
     for step in (*plan.sites, *plan.added):
         files[plan.relpath(step)] = model_bytes(step.onnx)
     for stage, ks in kernels.items():

@@ -19,8 +19,12 @@ log = logging.getLogger("deepjit.model")
 class ResolvedModel:
     path: Path
     model: onnx.ModelProto
-    sha256: str
+    data: bytes  # the file's bytes, read once: hashed here, copied into the bundle
     synthesized: bool
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
 
 
 def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
@@ -37,7 +41,7 @@ def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
         write_synthetic(src.synthesize, src.path, seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
         synthesized = True
     model = load_model(src.path)
-    return ResolvedModel(src.path, model, hashlib.sha256(src.path.read_bytes()).hexdigest(), synthesized)
+    return ResolvedModel(src.path, model, src.path.read_bytes(), synthesized)
 
 
 def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:
