@@ -1,6 +1,10 @@
 """Benchmark (not a test): YOLOv8 post-processing on the GPU, DeepJIT against the usual ways.
 
     python3 bench/postprocess.py [--batches 1 8 32] [--iters 200] [--append bench/RESULTS.md] [--json out.json]
+                                 [--decode-contract PATH] [--nms-contract PATH]
+
+--decode-contract / --nms-contract time your own contract (a kernels/*.yaml copy with its template)
+in place of the built-in one, e.g. an earlier version as the same-run baseline.
 
 Methods, all on the same seeded head maps (per-level box [B, 64, H, W] and class [B, 80, H, W] at
 640x640, a few percent of anchors above 0.25):
@@ -272,7 +276,11 @@ def main(argv=None) -> int:
     ap.add_argument("--append", type=Path, help="append the table to this markdown file")
     ap.add_argument("--json", type=Path, help="write all numbers here")
     ap.add_argument("--anchors-per-thread", type=int, default=4)
+    ap.add_argument("--lanes-per-anchor", type=int, default=1, help="yolov8_decode's lanes_per_anchor (1 or 4)")
     ap.add_argument("--nms-block", type=int, default=512, help="threads of the nms kernel's one block per image")
+    ap.add_argument("--decode-contract", default="yolov8_decode", help="contract name or YAML path")
+    ap.add_argument("--nms-contract", default="nms", help="contract name or YAML path")
+    ap.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (for ncu's source view)")
     args = ap.parse_args(argv)
 
     import torch
@@ -280,11 +288,12 @@ def main(argv=None) -> int:
 
     gpu = gpu_mod.Gpu()
     site = decode_site()
-    decode = compile_site_kernel("yolov8_decode", {"mode": "candidates", "conf_threshold": CONF,
-                                                   "anchors_per_thread": args.anchors_per_thread}, site.facts, sm=gpu.sm)
-    nms = compile_site_kernel("nms", {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
-                                      "block": args.nms_block}, site.facts,
-                              sm=gpu.sm)
+    decode = compile_site_kernel(args.decode_contract, {"mode": "candidates", "conf_threshold": CONF,
+                                                   "anchors_per_thread": args.anchors_per_thread,
+                                                   "lanes_per_anchor": args.lanes_per_anchor}, site.facts,
+                                 sm=gpu.sm, debug=args.lineinfo)
+    nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
+                                                  "block": args.nms_block}, site.facts, sm=gpu.sm, debug=args.lineinfo)
     rows, record = [], {}
     for batch in args.batches:
         rng = np.random.default_rng(batch)

@@ -99,6 +99,13 @@ def _feeds(envs, sigs) -> list[dict]:
     return [{t.name: env[t.name] for t in sigs} for env in envs]
 
 
+def output0_twin_params(params: dict, declared) -> dict:
+    """Params of the decode's `output0` twin: the bundle's declared params (its manifest also lists
+    derived values), in mode output0, with the candidates-only lane split off."""
+    twin = {k: v for k, v in params.items() if k in declared}
+    return {**twin, "mode": "output0", **({"lanes_per_anchor": 1} if "lanes_per_anchor" in declared else {})}
+
+
 def _decode_output0(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
     """The decode compiled in `output0` mode for this GPU, against the cut subgraph."""
     from .contracts import load_contract
@@ -106,9 +113,8 @@ def _decode_output0(gpu, bundle, step, entry, envs, tol, det, sites, report) -> 
     from .nvrtc import compile_site_kernel
 
     contract = str(bundle.file(entry["files"]["contract"]))  # the bundle's copy of the contract
-    declared = load_contract(contract).model.params  # the manifest also lists derived values
-    params = {k: v for k, v in entry["params"].items() if k in declared}
-    compiled = compile_site_kernel(contract, {**params, "mode": "output0"}, None, sm=gpu.sm)
+    params = output0_twin_params(entry["params"], load_contract(contract).model.params)
+    compiled = compile_site_kernel(contract, params, None, sm=gpu.sm)
     kernel = ContractKernel(gpu, compiled)
     names = decode_input_names(step.facts)
 

@@ -124,6 +124,13 @@ def test_decode_launch_geometry_and_typed_arg_order():
     assert args["cls_0"] == ("cls_0", "ptr", tensors["cls_0"])
 
 
+def test_four_lanes_per_anchor_launch_four_threads_per_anchor():
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {"anchors_per_thread": 1, "lanes_per_anchor": 4}, FACTS)
+    (launch,) = launches(c, p, bind_dims(c, p, head_shapes(3)), {s.name: 1 for s in signature(c, p)})
+    assert launch.grid == (-(-8400 * 4 // 128), 3, 1) and launch.block == (128, 1, 1)
+
+
 def test_concatenated_form_binds_anchors_from_its_input():
     c = load_contract("yolov8_decode")
     p = resolve_params(c, {"input_form": "concatenated", "mode": "output0"}, FACTS)

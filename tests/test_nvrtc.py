@@ -3,6 +3,7 @@ versions recorded, options from the spec, and compile errors mapped back to the 
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,33 @@ def test_sm90_build_and_fp16_inputs_find_cuda_fp16(tmp_path):
     k = compile_site_kernel("yolov8_decode", {"dtype": "float16", "mode": "output0"}, FACTS, sm=90, cache_dir=tmp_path)
     assert ".target sm_90" in k.ptx and k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<__half>"),)
     assert "6__half" in k.symbol("decode")  # the template argument survives in the mangled name
+
+
+def test_four_lanes_per_anchor_is_for_the_candidates_mode_only(tmp_path):
+    k = compile_site_kernel("yolov8_decode", {"anchors_per_thread": 1, "lanes_per_anchor": 4}, FACTS, sm=75, cache_dir=tmp_path)
+    assert "__shfl_xor_sync(deepjit::kFullMask, best, d)" in k.source.code  # the four-lane kernel was rendered
+    for params in ({"mode": "output0", "anchors_per_thread": 1}, {"anchors_per_thread": 4}):
+        with pytest.raises(KernelCompileError, match=r"yolov8_decode.cu.j2:\d+: error: static assertion failed with "
+                                                     r"\"yolov8_decode: lanes_per_anchor 4 needs mode candidates and "
+                                                     r"anchors_per_thread 1\""):
+            compile_site_kernel("yolov8_decode", {**params, "lanes_per_anchor": 4}, FACTS, sm=75, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("pipeline", ["yolov8_t4", "yolov8_h200"])
+def test_decode_output0_twin_of_each_example_pipeline_compiles(pipeline, tmp_path):
+    """The kernels level recompiles the pipeline's decode in mode output0 (validate.py): whatever the
+    spec sets for the candidates kernel must leave a compilable twin."""
+    from deepjit_compiler.contracts import load_contract
+    from deepjit_compiler.spec import load_spec
+    from deepjit_compiler.validate import output0_twin_params
+
+    (ref,) = [k for cut in load_spec(Path(__file__).parents[1] / "pipelines" / f"{pipeline}.yaml").spec.cuts for k in cut.kernels
+              if k.contract == "yolov8_decode"]
+    declared = load_contract("yolov8_decode").model.params
+    twin = output0_twin_params({**ref.params, "num_levels": 3}, declared)  # manifests also list derived values
+    assert twin["mode"] == "output0" and "num_levels" not in twin
+    k = compile_site_kernel("yolov8_decode", twin, FACTS, sm=90, cache_dir=tmp_path)
+    assert k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<float>"),)
 
 
 def test_options_from_the_spec(tmp_path):

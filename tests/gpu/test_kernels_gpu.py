@@ -277,14 +277,18 @@ def postprocess_runner(gpu, decode, nms, facts, load):
 
 
 NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 20}}
+DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
+               "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4}}
 
 
+@pytest.mark.parametrize("decode_way", list(DECODE_WAYS))
 @pytest.mark.parametrize("case", list(NMS_CASES))
 @pytest.mark.parametrize("batch", [1, 8])
-def test_decode_then_nms_match_reference_detections(gpu, target, cache, batch, case):
+def test_decode_then_nms_match_reference_detections(gpu, target, cache, batch, case, decode_way):
     ref, facts = decode_site()
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False, **NMS_CASES[case]}
-    decode = build("yolov8_decode", {"mode": "candidates", "conf_threshold": params["conf_threshold"]}, facts, target, cache)
+    decode = build("yolov8_decode", {"mode": "candidates", "conf_threshold": params["conf_threshold"],
+                                     **DECODE_WAYS[decode_way]}, facts, target, cache)
     nms = build("nms", params, facts, target, cache)
     rng = np.random.default_rng([batch, len(case)])
     maps = [head_maps(rng, batch) for _ in range(3)]
