@@ -330,18 +330,25 @@ def detections(rng, batch: int, anchors: int, logit_mean: float) -> np.ndarray:
     return np.concatenate([cxcy, wh, 1 / (1 + np.exp(-logits))], axis=1).astype(np.float32)
 
 
-@pytest.mark.parametrize("logit_mean, what", [(-6.0, "hundreds of candidates: shared-memory sort"),
+@pytest.mark.parametrize("block", [128, 512, 1024])
+@pytest.mark.parametrize("logit_mean, what", [(-6.0, "hundreds of candidates: bucket sort, two chunks"),
+                                              (-5.5, "about a thousand: shared-memory bitonic sort"),
                                               (-3.5, "thousands of candidates: workspace sort")])
-def test_nms_alone_on_reference_output0(gpu, target, cache, logit_mean, what):
+def test_nms_alone_on_reference_output0(gpu, target, cache, logit_mean, what, block):
     anchors = 8400
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300}
-    nms = build("nms", {**params, "max_candidates": anchors}, {}, target, cache)
+    nms = build("nms", {**params, "max_candidates": anchors, "block": block}, {}, target, cache)
     kernel = ContractKernel(gpu, nms, target[1])
     rng = np.random.default_rng(int(-logit_mean * 10))
     x = detections(rng, 4, anchors, logit_mean)
     cands = candidates_from_output0(x, params["conf_threshold"], anchors)
-    if "workspace" in what:
-        assert cands["cand_count"].min() > 2048  # past sort_capacity
+    counts = cands["cand_count"]
+    if "hundreds" in what:
+        assert 256 < counts.min() and counts.max() <= 512  # more than one chunk; the bucket sort up to block 512
+    elif "thousand:" in what:
+        assert 1024 < counts.min() and counts.max() <= 2048  # past every block, within sort_capacity
+    else:
+        assert counts.min() > 2048  # past sort_capacity
     inputs = {k: gpu.upload(v) for k, v in cands.items()}
     dims = kernel.bind(inputs)
     outs = kernel.allocate_outputs(dims)
