@@ -288,10 +288,10 @@ def main(argv=None) -> int:
 
     gpu = gpu_mod.Gpu()
     site = decode_site()
+    lanes = {"lanes_per_anchor": args.lanes_per_anchor} if args.lanes_per_anchor != 1 else {}  # older contracts lack it
     decode = compile_site_kernel(args.decode_contract, {"mode": "candidates", "conf_threshold": CONF,
-                                                   "anchors_per_thread": args.anchors_per_thread,
-                                                   "lanes_per_anchor": args.lanes_per_anchor}, site.facts,
-                                 sm=gpu.sm, debug=args.lineinfo)
+                                                        "anchors_per_thread": args.anchors_per_thread, **lanes},
+                                 site.facts, sm=gpu.sm, debug=args.lineinfo)
     nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
                                                   "block": args.nms_block}, site.facts, sm=gpu.sm, debug=args.lineinfo)
     rows, record = [], {}
