@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from .errors import SurgeryError
-from .onnxutil import GraphIndex, constant_value
+from .graphindex import GraphIndex, constant_value
 
 log = logging.getLogger("deepjit.surgery")
 

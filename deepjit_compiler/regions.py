@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SurgeryError, closest
-from .onnxutil import GraphIndex, constant_value
+from .graphindex import GraphIndex, constant_value
 from .presets import PRESETS
 
 log = logging.getLogger("deepjit.surgery")

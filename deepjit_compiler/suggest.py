@@ -18,7 +18,8 @@ import onnx
 import yaml
 
 from .errors import SurgeryError
-from .onnxutil import GraphIndex, infer_shapes
+from .graphindex import GraphIndex
+from .shapes import infer_shapes
 from .presets import PRESETS
 from .surgery import region_of
 

@@ -26,9 +26,11 @@ import onnx.utils
 
 from . import references
 from .errors import SurgeryError, closest
-from .onnxutil import (GraphIndex, TensorSig, canonical_dims, complete_value_info, infer_shapes, model_bytes,
-                       pin_ir_version, sig_from_value_info, value_info_map, atomic_write)
+from .archive import atomic_write
+from .graphindex import GraphIndex
+from .onnxutil import TensorSig, model_bytes, pin_ir_version, sig_from_value_info, value_info_map
 from .regions import Region, check_overlaps, region_for_cut, region_of
+from .shapes import canonical_dims, complete_value_info, infer_shapes
 
 log = logging.getLogger("deepjit.surgery")
 

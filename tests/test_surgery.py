@@ -8,10 +8,10 @@ from conftest_models import (chain_model, mystery_model, parallel_model, shape_m
                              two_cut_model)
 
 from deepjit_compiler.errors import SurgeryError
-from deepjit_compiler.onnxutil import (MAX_IR_VERSION, TensorSig, complete_value_info, infer_shapes,
-                                       ort_session, pin_ir_version, value_info_map)
-from deepjit_compiler.onnxutil import _ort_run_infos as ort_run_infos
+from deepjit_compiler.onnxutil import MAX_IR_VERSION, TensorSig, ort_session, pin_ir_version, value_info_map
 from deepjit_compiler.reassembly import check_reassembly
+from deepjit_compiler.shapes import _ort_run_infos as ort_run_infos
+from deepjit_compiler.shapes import complete_value_info, infer_shapes
 from deepjit_compiler.surgery import (AddedStage, CutRequest, KernelRequest, KernelSite, Segment,
                                       plan_from_model)
 
