@@ -19,7 +19,8 @@ import onnx
 from onnx import helper
 
 from .onnxutil import TensorSig, ort_session, random_array
-from .surgery import AddedStage, Plan
+from .stages import AddedStage
+from .surgery import Plan
 
 log = logging.getLogger("deepjit.reassembly")
 

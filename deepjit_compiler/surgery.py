@@ -6,8 +6,9 @@ A cut names its boundary tensors (or a preset finds them). Its region (regions.p
 a path from its outputs back to its inputs; constants (initializers, Constant nodes and what is
 computed only from them) are copied into whichever piece needs them. What is left of the model
 becomes engine segments, split wherever a cut sits in the middle. Each cut keeps the exact subgraph
-it removed as the reference its kernel must match; stages added before/after the model get reference
-graphs from references.py. Extraction is onnx.utils.Extractor's, over a shape-inferred model.
+it removed as the reference its kernel must match; stages added before/after the model (stages.py)
+get reference graphs from references.py. Extraction is onnx.utils.Extractor's, over a shape-inferred
+model.
 """
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ from typing import Any, ClassVar
 import onnx
 import onnx.utils
 
-from . import references
 from .errors import SurgeryError, closest
 from .archive import atomic_write
 from .graphindex import GraphIndex
 from .onnxutil import TensorSig, model_bytes, pin_ir_version, sig_from_value_info, value_info_map
 from .regions import Region, check_overlaps, region_for_cut, region_of
 from .shapes import canonical_dims, complete_value_info, infer_shapes
+from .stages import AddedStage, added_stages
 
 log = logging.getLogger("deepjit.surgery")
 
@@ -106,28 +107,6 @@ class KernelSite:
 
     def summary(self) -> dict[str, Any]:
         return {"facts": dict(self.facts), "kernels": [k.contract for k in self.kernels]}
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class AddedStage:
-    """A kernel the model lacks (letterbox before it, NMS after it), with an ONNX reference graph."""
-
-    kind: ClassVar[str] = "added"
-    folder: ClassVar[str] = "references"
-    name: str
-    position: str  # "before" | "after"
-    reference: onnx.ModelProto
-    inputs: tuple[TensorSig, ...]
-    outputs: tuple[TensorSig, ...]
-    params: Mapping[str, Any]
-    kernels: tuple[Any, ...]
-
-    @property
-    def onnx(self) -> onnx.ModelProto:
-        return self.reference
-
-    def summary(self) -> dict[str, Any]:
-        return {"position": self.position, "params": dict(self.params), "kernels": [k.contract for k in self.kernels]}
 
 
 Step = Segment | KernelSite | AddedStage
@@ -245,7 +224,7 @@ def _segment_io(idx: GraphIndex, members: set[int], later_reads: set[str]) -> tu
             sorted(outs, key=lambda n: (rank_out.get(n, len(rank_out)), outs[n])))
 
 
-# --- the plan -----------------------------------------------------------------------------------
+# --- building the plan --------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -342,7 +321,7 @@ def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any]) -> Plan:
             steps.append(KernelSite(p.name, m, ins, outs, facts, tuple(p.region.cut.kernels)))
     plan_in = list(_sigs(infos, idx.inputs))
     plan_out = list(_sigs(infos, idx.outputs))
-    before, after = _added_stages(idx, cuts, plan_in, plan_out)
+    before, after = added_stages(idx, cuts, plan_in, plan_out)
     plan = Plan((*before, *steps, *after), tuple(plan_in), tuple(plan_out))
     log.info("surgery: %d steps (%s) in %.2f s", len(plan.steps),
              ", ".join(f"{s.kind} {s.name}" for s in plan.steps), time.perf_counter() - t0)
@@ -357,91 +336,3 @@ def _check_cut_names(cuts: Sequence[Any]) -> None:
         seen.add(c.name)
         if c.add is not None and c.add not in ("before", "after"):
             raise SurgeryError(f"cut '{c.name}': add must be 'before' or 'after', got {c.add!r}")
-
-
-# --- added stages -------------------------------------------------------------------------------
-
-
-def _contract(cut) -> str:
-    if not cut.kernels:
-        raise SurgeryError(f"added stage '{cut.name}' needs a kernel: 'letterbox' (before) or 'nms' (after)")
-    return Path(str(cut.kernels[0].contract)).name.removesuffix(".yaml")
-
-
-def _added_stages(idx: GraphIndex, cuts, plan_in: list[TensorSig], plan_out: list[TensorSig]):
-    before, after, used = [], [], {}
-    for cut in (c for c in cuts if c.add is not None):
-        if cut.at in used:
-            raise SurgeryError(f"added stages '{used[cut.at]}' and '{cut.name}' both attach at '{cut.at}'")
-        used[cut.at] = cut.name
-        kind = _contract(cut)
-        params = dict(cut.kernels[0].params or {})
-        if cut.add == "before":
-            if cut.at not in idx.inputs:
-                raise SurgeryError(f"added stage '{cut.name}': `at: {cut.at}` is not a model input{closest(cut.at, idx.inputs)}; "
-                                   f"inputs: {idx.inputs}")
-            if kind != "letterbox":
-                raise SurgeryError(f"added stage '{cut.name}': no reference for kernel '{kind}' before the model; "
-                                   "supported: 'letterbox'")
-            stage = _letterbox_stage(idx, cut, params, plan_in[idx.inputs.index(cut.at)])
-            before.append(stage)
-            i = [s.name for s in plan_in].index(cut.at)
-            plan_in[i:i + 1] = stage.inputs
-            plan_out.extend(s for s in stage.outputs if s.name != cut.at)
-        else:
-            if cut.at not in idx.outputs:
-                raise SurgeryError(f"added stage '{cut.name}': `at: {cut.at}` is not a model output{closest(cut.at, idx.outputs)}; "
-                                   f"outputs: {idx.outputs}")
-            if kind != "nms":
-                raise SurgeryError(f"added stage '{cut.name}': no reference for kernel '{kind}' after the model; "
-                                   "supported: 'nms'")
-            stage = _nms_stage(idx, cut, params, plan_out[idx.outputs.index(cut.at)])
-            after.append(stage)
-            i = [s.name for s in plan_out].index(cut.at)
-            plan_out[i:i + 1] = stage.outputs
-    return before, after
-
-
-def _new_names_free(idx: GraphIndex, cut, ref: onnx.ModelProto, keep: str) -> None:
-    for vi in (*ref.graph.input, *ref.graph.output):
-        if vi.name != keep and vi.name in idx.tensors:
-            raise SurgeryError(f"added stage '{cut.name}' produces tensor '{vi.name}', but the model already has one")
-
-
-def _ref_sigs(ref: onnx.ModelProto) -> tuple[tuple[TensorSig, ...], tuple[TensorSig, ...]]:
-    return (tuple(sig_from_value_info(v) for v in ref.graph.input),
-            tuple(sig_from_value_info(v) for v in ref.graph.output))
-
-
-def _letterbox_stage(idx: GraphIndex, cut, params: dict, images: TensorSig) -> AddedStage:
-    p = _stage_params(cut, references.letterbox_params, params)
-    if images.dtype != p["dtype"]:
-        raise SurgeryError(f"added stage '{cut.name}': letterbox dtype '{p['dtype']}' does not match model "
-                           f"input '{images.name}' ({images.dtype}); set params.dtype: {images.dtype}")
-    shape = images.shape
-    if len(shape) != 4 or shape[1] != 3 or any(isinstance(d, int) and d != p["size"] for d in shape[2:]):
-        raise SurgeryError(f"added stage '{cut.name}': letterbox makes [B, 3, {p['size']}, {p['size']}] but model "
-                           f"input '{images.name}' is {list(shape)}; set params.size to the model's input size")
-    ref = references.letterbox_reference(**p, output_name=cut.at)
-    _new_names_free(idx, cut, ref, cut.at)
-    ins, outs = _ref_sigs(ref)
-    outs = tuple(images if s.name == cut.at else s for s in outs)  # the model's own, more precise
-    return AddedStage(cut.name, "before", ref, ins, outs, p, tuple(cut.kernels))
-
-
-def _nms_stage(idx: GraphIndex, cut, params: dict, det: TensorSig) -> AddedStage:
-    p = _stage_params(cut, references.nms_params, params)
-    if det.dtype != "float32" or len(det.shape) != 3 or not isinstance(det.shape[1], int) or det.shape[1] < 5:
-        raise SurgeryError(f"added stage '{cut.name}': nms needs detections float32 [B, 4 + nc, anchors] with a "
-                           f"fixed 4 + nc, but '{det.name}' is {det.dtype} {list(det.shape)}")
-    ref = references.nms_reference(det.shape[1] - 4, **p, input_name=cut.at)
-    _new_names_free(idx, cut, ref, cut.at)
-    _, outs = _ref_sigs(ref)
-    return AddedStage(cut.name, "after", ref, (det,), outs, {**p, "num_classes": det.shape[1] - 4}, tuple(cut.kernels))
-
-
-def _stage_params(cut, check, params: dict) -> dict:
-    try:
-        return check(params)
-    except SurgeryError as e:
-        raise SurgeryError(f"added stage '{cut.name}': {e}") from None

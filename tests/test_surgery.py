@@ -12,8 +12,8 @@ from deepjit_compiler.onnxutil import MAX_IR_VERSION, TensorSig, ort_session, pi
 from deepjit_compiler.reassembly import check_reassembly
 from deepjit_compiler.shapes import _ort_run_infos as ort_run_infos
 from deepjit_compiler.shapes import complete_value_info, infer_shapes
-from deepjit_compiler.surgery import (AddedStage, CutRequest, KernelRequest, KernelSite, Segment,
-                                      plan_from_model)
+from deepjit_compiler.stages import AddedStage
+from deepjit_compiler.surgery import CutRequest, KernelRequest, KernelSite, Segment, plan_from_model
 
 
 def cut(name, inputs=None, outputs=None, **kw):
