@@ -278,6 +278,7 @@ def main(argv=None) -> int:
     ap.add_argument("--anchors-per-thread", type=int, default=4)
     ap.add_argument("--lanes-per-anchor", type=int, default=1, help="yolov8_decode's lanes_per_anchor (1 or 4)")
     ap.add_argument("--nms-block", type=int, default=512, help="threads of the nms kernel's one block per image")
+    ap.add_argument("--nms-chunk", type=int, help="nms's chunk (default: the contract's)")
     ap.add_argument("--decode-contract", default="yolov8_decode", help="contract name or YAML path")
     ap.add_argument("--nms-contract", default="nms", help="contract name or YAML path")
     ap.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (for ncu's source view)")
@@ -292,8 +293,10 @@ def main(argv=None) -> int:
     decode = compile_site_kernel(args.decode_contract, {"mode": "candidates", "conf_threshold": CONF,
                                                         "anchors_per_thread": args.anchors_per_thread, **lanes},
                                  site.facts, sm=gpu.sm, debug=args.lineinfo)
+    chunk = {"chunk": args.nms_chunk} if args.nms_chunk else {}  # older contracts lack it
     nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
-                                                  "block": args.nms_block}, site.facts, sm=gpu.sm, debug=args.lineinfo)
+                                                  "block": args.nms_block, **chunk}, site.facts, sm=gpu.sm,
+                              debug=args.lineinfo)
     rows, record = [], {}
     for batch in args.batches:
         rng = np.random.default_rng(batch)

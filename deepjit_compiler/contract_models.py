@@ -57,6 +57,8 @@ class EntrySpec(_Model):
     block: list[Expr]
     grid: list[Expr]
     shared_mem: Expr = 0
+    overlaps_previous: bool = Field(False, description="launched while the previous kernel in the stream "
+                                    "still runs (sm_90+); the kernel calls deepjit::wait_previous() first")
     args: list[ArgSpec]
 
 

@@ -352,6 +352,7 @@ class Launch:
     block: tuple[int, int, int]
     shared_mem: int
     args: tuple[tuple[str, str, Any], ...]
+    overlap: bool = False  # the entry's overlaps_previous
 
 
 def _dim3(values, ctx, where) -> tuple[int, int, int]:
@@ -397,7 +398,8 @@ def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, i
                 args.append((name, a.type, value))
         out.append(Launch(e.name, expand(e.symbol, params), _dim3(e.grid, ctx, f"{where}.grid"),
                           _dim3(e.block, ctx, f"{where}.block"),
-                          int(evaluate(e.shared_mem, ctx, f"{where}.shared_mem")), tuple(args)))
+                          int(evaluate(e.shared_mem, ctx, f"{where}.shared_mem")), tuple(args),
+                          e.overlaps_previous))
     return tuple(out)
 
 

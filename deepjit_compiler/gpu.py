@@ -199,13 +199,39 @@ class Gpu:
         log.debug("loaded %s as %s on sm_%d", kernel.contract, code_type, self.sm)
         return Module(code, mangled, code_type)
 
-    def launch_config(self, grid: Sequence[int], block: Sequence[int], shared_mem: int = 0):
-        """A cuda.core LaunchConfig (build it once, launch with it many times)."""
+    def launch_config(self, grid: Sequence[int], block: Sequence[int], shared_mem: int = 0, overlap: bool = False):
+        """A cuda.core LaunchConfig (build it once, launch with it many times). overlap: launch
+        while the previous kernel in the stream still runs (programmatic dependent launch; the
+        kernel must wait for it itself); ignored where cuda.core cannot ask for it."""
         cc = _cc()
-        if "stream" in getattr(cc.LaunchConfig, "__dataclass_fields__", {}):
+        fields = getattr(cc.LaunchConfig, "__dataclass_fields__", {})
+        if "stream" in fields:
             # cuda.core < 0.3: the stream rides in the config
             return cc.LaunchConfig(grid=tuple(grid), block=tuple(block), stream=self.stream, shmem_size=int(shared_mem))
-        return cc.LaunchConfig(grid=tuple(grid), block=tuple(block), shmem_size=int(shared_mem))
+        kwargs = dict(grid=tuple(grid), block=tuple(block), shmem_size=int(shared_mem))
+        if overlap:
+            try:
+                return cc.LaunchConfig(**kwargs, programmatic_stream_serialization=True)
+            except TypeError:  # an older cuda.core
+                log.debug("this cuda.core cannot ask for programmatic stream serialization: no overlap")
+        return cc.LaunchConfig(**kwargs)
+
+    def allow_shared(self, kernel, dynamic: int, who: str) -> None:
+        """Let `kernel` have `dynamic` bytes of dynamic shared memory (beyond 48 KiB in all needs
+        opting in); KernelError naming `who` when static + dynamic exceed what this GPU allows."""
+        if dynamic <= 0:
+            return
+        handle, dev = driver.CUkernel(int(kernel.handle)), driver.CUdevice(self.device.device_id)
+        attr = driver.CUfunction_attribute
+        static = _ck(driver.cuKernelGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, handle, dev),
+                     "cuKernelGetAttribute")
+        limit = _ck(driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev), "cuDeviceGetAttribute")
+        if static + dynamic > limit:
+            raise KernelError(f"{who} needs {static} bytes of static and {dynamic} of dynamic shared memory "
+                              f"(its contract's shared_mem); {self.name} (sm_{self.sm}) allows {limit} per block")
+        _ck(driver.cuKernelSetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic, handle, dev),
+            "cuKernelSetAttribute")
 
     def launch_with(self, config, kernel, *args) -> None:
         """Launch on this GPU's stream with a prepared config and typed args."""

@@ -97,8 +97,11 @@ class ContractKernel:
             fn = self._functions.get(item.entry)
             if fn is None:
                 fn = self._functions[item.entry] = self.module.kernel(item.entry)
-            plan.append(Prepared(item.entry, fn, self.gpu.launch_config(item.grid, item.block, item.shared_mem),
-                                 tuple(pack_args(item))))
+            self.gpu.allow_shared(fn, item.shared_mem, f"kernel {self.contract.name} ({item.entry})")
+            # Overlap needs the code's own wait, compiled in only for sm_90 and newer.
+            config = self.gpu.launch_config(item.grid, item.block, item.shared_mem,
+                                            overlap=item.overlap and self.compiled.sm >= 90)
+            plan.append(Prepared(item.entry, fn, config, tuple(pack_args(item))))
         return tuple(plan)
 
     def launch(self, tensors: Mapping[str, Any], dims: Mapping[str, int]) -> int:

@@ -11,6 +11,40 @@ namespace deepjit {
 // (internal linkage) with a per-compile unique id, which would make the cubin differ on each build.
 enum : unsigned { kFullMask = 0xffffffffu };
 
+// Shared memory one block may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin) on the arch being
+// compiled for; 48 KiB, the limit without opting in, for any other. The runtime opts in to the
+// contract's shared_mem and checks the GPU it runs on (PTX may run on a GPU with less).
+enum : int {
+#if __CUDA_ARCH__ >= 1200
+    kMaxSharedOptin = 99 * 1024,
+#elif __CUDA_ARCH__ >= 900
+    kMaxSharedOptin = 227 * 1024,
+#elif __CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870
+    kMaxSharedOptin = 163 * 1024,
+#elif __CUDA_ARCH__ >= 860
+    kMaxSharedOptin = 99 * 1024,
+#elif __CUDA_ARCH__ == 750
+    kMaxSharedOptin = 64 * 1024,
+#else
+    kMaxSharedOptin = 48 * 1024,
+#endif
+};
+
+// Programmatic dependent launch (sm_90 and newer; no-ops before). A kernel whose contract entry says
+// `overlaps_previous` is launched while the previous kernel in the stream still runs, and calls
+// wait_previous() before touching memory that kernel writes: it returns once that grid has finished
+// and its writes are visible. start_next() lets the next such launch begin early.
+__device__ __forceinline__ void wait_previous() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void start_next() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 

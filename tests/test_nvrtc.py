@@ -58,6 +58,18 @@ def test_four_lanes_per_anchor_is_for_the_candidates_mode_only(tmp_path):
             compile_site_kernel("yolov8_decode", {**params, "lanes_per_anchor": 4}, FACTS, sm=75, cache_dir=tmp_path)
 
 
+def test_nms_chunk_must_fit_the_target_sms_shared_memory(tmp_path):
+    """chunk * (chunk / 8 + 28) bytes of dynamic shared memory on top of ~35 KiB static: a T4
+    (sm_75) allows 64 KiB per block, an H100/H200 (sm_90) 227 KiB."""
+    nms = {"max_candidates": 8400}
+    for sm, chunk in ((75, 256), (90, 1024)):
+        k = compile_site_kernel("nms", {**nms, "chunk": chunk}, sm=sm, cache_dir=tmp_path)
+        assert f"CHUNK = {chunk}," in k.source.code
+    with pytest.raises(KernelCompileError, match=r"nms.cu.j2:\d+: error: static assertion failed with \"nms: chunk "
+                                                 r"\* \(chunk / 8 \+ 28\) .* lower chunk\""):
+        compile_site_kernel("nms", {**nms, "chunk": 512}, sm=75, cache_dir=tmp_path)
+
+
 @pytest.mark.parametrize("pipeline", ["yolov8_t4", "yolov8_h200"])
 def test_decode_output0_twin_of_each_example_pipeline_compiles(pipeline, tmp_path):
     """The kernels level recompiles the pipeline's decode in mode output0 (validate.py): whatever the

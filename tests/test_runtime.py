@@ -147,9 +147,12 @@ class FakeGpu(CountingGpu):
         self.loaded[kernel.contract] = prefer
         return FakeModule(kernel.contract)
 
-    @staticmethod
-    def launch_config(grid, block, shared_mem=0):
+    def launch_config(self, grid, block, shared_mem=0, overlap=False):
+        self.log.append(("config", tuple(grid), shared_mem, overlap))
         return tuple(grid), tuple(block), shared_mem
+
+    def allow_shared(self, fn, dynamic, who):
+        self.log.append(("allow_shared", fn.entry, dynamic))
 
     def launch_with(self, config, fn, *args):
         self.launch(fn, *config, *args)
@@ -446,6 +449,30 @@ def test_graph_holds_the_buckets_launch_geometry(t4_bundle, fake):
         pipe({"images": images(np.random.default_rng(2), 5)})            # bucket 8
         blocks = math.ceil(HEADS / (4 * 128))                              # anchors_per_thread 4, block 128
         assert seen == {"decode": [(blocks, 8, 1)], "nms": [(8, 1, 1)]}
+
+
+def test_nms_gets_its_shared_memory_and_overlaps_the_decode_only_in_sm90_code(t4_bundle, fake, tmp_path):
+    """The T4 bundle's compute_75 PTX has no griddepcontrol.wait, so its nms launches after the decode
+    as usual; the same contract compiled for sm_90 waits for the decode itself and is launched to
+    overlap it. Either way it is given its contract's dynamic shared memory."""
+    from deepjit_compiler.kernel_launch import ContractKernel
+    from deepjit_compiler.nvrtc import compile_site_kernel
+
+    def shared(chunk):
+        return chunk * (chunk // 8 + 28)
+
+    with Pipeline.load(t4_bundle):
+        log = fake.made[0].log
+        assert ("allow_shared", "nms", shared(256)) in log and ("allow_shared", "decode", 0) in log
+        assert [e for e in log if e[0] == "config" and e[3]] == []
+    gpu = FakeGpu(90)
+    nms = ContractKernel(gpu, compile_site_kernel("nms", {"max_candidates": 640, "chunk": 512}, sm=90,
+                                                  cache_dir=tmp_path))
+    cands = {s.name: gpu.empty([{"B": 2, "K": 640}.get(d, d) for d in s.shape], s.dtype) for s in nms.inputs}
+    dims = nms.bind(cands)
+    nms.prepare({**cands, **nms.allocate_outputs(dims), "workspace": None}, dims)
+    assert ("allow_shared", "nms", shared(512)) in gpu.log
+    assert [e for e in gpu.log if e[0] == "config"] == [("config", (2, 1, 1), shared(512), True)]
 
 
 def test_without_graphs_the_kernels_launch_plainly(t4_bundle, fake):
