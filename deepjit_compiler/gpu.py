@@ -204,8 +204,7 @@ class Gpu:
         while the previous kernel in the stream still runs (programmatic dependent launch; the
         kernel must wait for it itself); ignored where cuda.core cannot ask for it."""
         cc = _cc()
-        fields = getattr(cc.LaunchConfig, "__dataclass_fields__", {})
-        if "stream" in fields:
+        if "stream" in getattr(cc.LaunchConfig, "__dataclass_fields__", {}):
             # cuda.core < 0.3: the stream rides in the config
             return cc.LaunchConfig(grid=tuple(grid), block=tuple(block), stream=self.stream, shmem_size=int(shared_mem))
         kwargs = dict(grid=tuple(grid), block=tuple(block), shmem_size=int(shared_mem))
