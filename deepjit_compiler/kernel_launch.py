@@ -55,6 +55,7 @@ class ContractKernel:
         self.module = gpu.load(compiled, prefer)
         self.signature: tuple[TensorSig, ...] = signature(self.contract, self.params)
         self._functions: dict[str, Any] = {}
+        self._shared: dict[str, int] = {}  # dynamic shared memory each entry is allowed so far
 
     @property
     def inputs(self) -> tuple[TensorSig, ...]:
@@ -97,7 +98,10 @@ class ContractKernel:
             fn = self._functions.get(item.entry)
             if fn is None:
                 fn = self._functions[item.entry] = self.module.kernel(item.entry)
-            self.gpu.allow_shared(fn, item.shared_mem, f"kernel {self.contract.name} ({item.entry})")
+            # Only ever raised: graphs captured for other shapes still launch with what they were given.
+            if item.shared_mem > self._shared.get(item.entry, 0):
+                self.gpu.allow_shared(fn, item.shared_mem, f"kernel {self.contract.name} ({item.entry})")
+                self._shared[item.entry] = item.shared_mem
             # Overlap needs the code's own wait, compiled in only for sm_90 and newer.
             config = self.gpu.launch_config(item.grid, item.block, item.shared_mem,
                                             overlap=item.overlap and self.compiled.sm >= 90)

@@ -279,13 +279,13 @@ def postprocess_runner(gpu, decode, nms, facts, load):
 NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 20},
              "block1024-chunk512": {"block": 1024, "chunk": 512},
              "agnostic-maxdet20-chunk512": {"agnostic": True, "max_det": 20, "block": 1024, "chunk": 512}}
+DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
+               "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4}}
 
 
 def skip_if_chunk_too_big(params, target):
     if params.get("chunk", 256) > 256 and target[0] < 80:
         pytest.skip(f"nms chunk {params['chunk']} needs more shared memory than sm_{target[0]} allows a block")
-DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
-               "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4}}
 
 
 @pytest.mark.parametrize("decode_way", list(DECODE_WAYS))
