@@ -20,4 +20,4 @@ if [ -d "${T4_BUNDLE:-}" ]; then
   echo "== validate T4 bundle (PTX)" && dj validate "$T4_BUNDLE" 2>&1 | tail -12
   echo "== run T4 bundle" && dj run "$T4_BUNDLE" --input /tmp/images_b2.npy 2>&1 | tail -8
 fi
-echo "== gpu tests" && python3 -m pytest -m gpu -q -ra tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25
+echo "== gpu tests" && python3 -m pytest -m gpu -q -ra tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -25

@@ -23,13 +23,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from deepjit_compiler import gpu as gpu_mod  # noqa: E402
-from deepjit_compiler.runbundle import bench_bundle, format_bench, format_run, run_bundle  # noqa: E402
+from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
+from deepjit_compiler.runtime.run import bench_bundle, format_bench, format_run, run_bundle  # noqa: E402
 
 
 def write_specs(work: Path) -> dict[str, Path]:
-    """The GPU tests' yolov8n variants (one place defines them: tests/gpu/test_runtime_gpu.py)."""
-    spec = importlib.util.spec_from_file_location("runtime_gpu_tests", REPO / "tests/gpu/test_runtime_gpu.py")
+    """The GPU tests' yolov8n variants (one place defines them: tests/runtime/test_runtime_gpu.py)."""
+    spec = importlib.util.spec_from_file_location("runtime_gpu_tests", REPO / "tests/runtime/test_runtime_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     work.mkdir(parents=True, exist_ok=True)
@@ -38,12 +38,12 @@ def write_specs(work: Path) -> dict[str, Path]:
 
 def build(specs: dict[str, Path]) -> None:
     """Build each spec without the kernels/end_to_end levels (those are `deepjit validate`'s)."""
-    from deepjit_compiler import levels
+    from deepjit_compiler import build as build_module
     from deepjit_compiler.build import build_pipeline
-    from deepjit_compiler.gate import not_run
+    from deepjit_compiler.validation.gate import not_run
 
     why = "skipped by bench/pipeline.py: run `deepjit validate`"
-    levels.gpu_levels = lambda path, spec: [not_run("kernels", why), not_run("end_to_end", why)]
+    build_module.gpu_levels = lambda path, spec, report_dir=None: [not_run("kernels", why), not_run("end_to_end", why)]
     for name, spec in specs.items():
         print(f"built {name}: {build_pipeline(spec, publish=False).bundle.path}", flush=True)
 

@@ -11,19 +11,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import levels
-from .archive import atomic_write, replace_dir
-from .assemble import bundle_files, bundle_manifest
-from .bundle import read_bundle, update_bundle, write_bundle
+from .bundle.contents import bundle_files, bundle_manifest
+from .bundle.folder import read_bundle, update_bundle, write_bundle
 from .engines import EngineSettings, decide, engine_from_segment, local_device_sm
 from .errors import GateFailed
-from .gate import GateReport
+from .files import atomic_write, replace_dir
+from .jit.nvrtc import compile_site_kernels
 from .log import StageTimes
-from .modelsource import ResolvedModel, check_inputs, resolve_model
-from .nvrtc import compile_site_kernels
-from .publish import publish as push
-from .spec import LoadedSpec, load_spec
-from .surgery import plan_from_model
+from .model.source import ResolvedModel, check_inputs, resolve_model
+from .spec.load import LoadedSpec, load_spec
+from .store.publish import publish as push
+from .surgery.cut import plan_from_model
+from .validation.data import feeds_for
+from .validation.engine import engine_level
+from .validation.gate import GateReport
+from .validation.gpu import gpu_levels
+from .validation.graph import graph_level
+from .validation.precision import precision_stage
 
 log = logging.getLogger("deepjit.build")
 
@@ -87,11 +91,11 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         return result
 
     report_dir = _fresh_report_dir(spec.bundle.path)
-    feeds = levels.feeds_for(spec, plan)
+    feeds = feeds_for(spec, plan)
     with times.stage("graph"):
-        report = GateReport().with_levels(levels.graph_level(spec, plan, resolved.model))
+        report = GateReport().with_levels(graph_level(spec, plan, resolved.model))
     with times.stage("precision"):
-        segments, precision_level = levels.precision_stage(spec, plan, resolved.model, feeds, report_dir)
+        segments, precision_level = precision_stage(spec, plan, resolved.model, feeds, report_dir)
         report = report.with_levels(precision_level)
     with times.stage("kernels"):
         result.kernels = compile_kernels(loaded, plan)
@@ -103,7 +107,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         workdir = spec.bundle.path.parent / ".deepjit-work"
         artifacts = [engine_from_segment(name, model, settings, result.decision, workdir=workdir,
                                          timing_cache=spec.engine.timing_cache) for name, model in segments.items()]
-    report = report.with_levels(levels.engine_level(result.decision, artifacts))
+    report = report.with_levels(engine_level(result.decision, artifacts))
 
     files = bundle_files(loaded, resolved, plan, result.kernels, artifacts)
     manifest = bundle_manifest(loaded, resolved, plan, result.kernels, settings, result.decision, artifacts, report)
@@ -155,12 +159,12 @@ def _write_and_validate(spec, files, manifest, report: GateReport, report_dir: P
     dest = spec.bundle.path
     has_gpu = local_device_sm() is not None
     if not has_gpu:  # recorded as not run, in the bundle as first written
-        report = report.with_levels(*levels.gpu_levels(None, spec))
+        report = report.with_levels(*gpu_levels(None, spec))
         manifest = {**manifest, "validation": report.to_record()}
     # With a GPU the bundle is rewritten with the GPU levels' record: only that one gets its archive.
     info = write_bundle(dest.parent / f".{dest.name}.staging", files, manifest, archive=not has_gpu)
     if has_gpu:
-        report = report.with_levels(*levels.gpu_levels(info.path, spec, report_dir))
+        report = report.with_levels(*gpu_levels(info.path, spec, report_dir))
         info = update_bundle(info.path, {}, {"validation": report.to_record()})
     final = dest if report.passed or not spec.validation.gate else dest.parent / "rejected" / dest.name
     final.parent.mkdir(parents=True, exist_ok=True)

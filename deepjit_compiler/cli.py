@@ -47,7 +47,7 @@ def build(spec: Path, dry_run: bool, as_json: bool, no_publish: bool) -> None:
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of the spec language (for editors)."""
-    from .spec import json_schema
+    from .spec.load import json_schema
 
     _emit_json(json_schema())
 
@@ -67,7 +67,7 @@ def model() -> None:
 @click.option("--batch", type=int, default=None, help="A fixed batch size (default: symbolic 'batch').")
 def model_synth(variant: str, output: Path, seed: int, dynamic: bool, head_layout: str, batch: int | None) -> None:
     """Write a synthetic YOLOv8 detection ONNX whose graph matches an ultralytics export."""
-    from .synth import write_synthetic
+    from .model.synth import write_synthetic
 
     path = write_synthetic(variant, output, seed=seed, dynamic=dynamic, head_layout=head_layout, batch=batch)
     click.echo(f"wrote {path}")
@@ -95,7 +95,7 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
     """Run BUNDLE on images or tensors on this GPU; boxes are mapped back to the original images."""
-    from .runbundle import format_run, run_bundle
+    from .runtime.run import format_run, run_bundle
 
     result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph)
     _emit_json(result) if as_json else click.echo(format_run(result))
@@ -111,7 +111,7 @@ def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, as_json) -> None:
     """Latency p50/p95/p99 (whole call and GPU part), throughput and launches per inference."""
-    from .runbundle import bench_bundle, format_bench
+    from .runtime.run import bench_bundle, format_bench
 
     try:
         sizes = [int(b) for b in batches.split(",")] if batches else None
@@ -126,7 +126,7 @@ def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, as_json) -> No
 @click.option("--json", "as_json", is_flag=True)
 def validate(bundle: Path, as_json: bool) -> None:
     """Re-run the validation levels this machine can run (kernels, end_to_end on a GPU) and record them."""
-    from .validate import validate_bundle
+    from .validation.gpu import validate_bundle
 
     updated, levels = validate_bundle(bundle)
     record = updated.manifest["validation"]

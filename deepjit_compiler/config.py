@@ -22,3 +22,14 @@ def dump_dir() -> Path | None:
 def log_level() -> str:
     """$DEEPJIT_LOG_LEVEL: logging level for the deepjit.* loggers (default INFO)."""
     return os.environ.get("DEEPJIT_LOG_LEVEL", "INFO").upper()
+
+
+_PKG = Path(__file__).resolve().parent
+
+
+def data_dir(name: str) -> Path:
+    """The folder `name` ('kernels' or 'templates'), from a checkout or from the installed wheel."""
+    for candidate in (_PKG.parent / name, _PKG / "_data" / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"DeepJIT's '{name}' folder is missing from {_PKG.parent} and {_PKG / '_data'}")

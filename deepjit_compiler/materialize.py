@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 from types import SimpleNamespace
 
-from .bundle import read_bundle, update_bundle
+from .bundle.folder import read_bundle, update_bundle
 from .engines import EngineArtifact, materialize, runner_for
 from .errors import BundleError
-from .gate import GateReport, LevelResult, compare_runs, from_outputs
+from .validation.gate import GateReport, LevelResult, compare_runs, from_outputs
 
 log = logging.getLogger("deepjit.materialize")
 
@@ -36,9 +36,9 @@ def materialize_bundle(bundle_path: Path, *, timing_cache: Path | None = None):
 
 def engine_level(bundle, segments: dict[str, Path], plans: dict[str, bytes]) -> LevelResult:
     """Each TensorRT plan against ONNX Runtime on its segment, on the spec's validation data."""
-    from .levels import feeds_for
-    from .onnxutil import TensorSig
-    from .validate import spec_of
+    from .graph.tensors import TensorSig
+    from .validation.data import feeds_for
+    from .validation.gpu import spec_of
 
     spec = spec_of(bundle)
     outputs = []

@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 
 from deepjit_compiler.build import build_pipeline
-from deepjit_compiler.bundle import read_bundle
+from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.errors import StoreError
 
 from conftest import YOLOV8N_T4, run_cli
 
-N = YOLOV8N_T4  # tests/gpu/test_gate_gpu.py builds the same variant
+N = YOLOV8N_T4  # tests/validation/test_gate_gpu.py builds the same variant
 
 
 def _spec(write_spec, **extra):

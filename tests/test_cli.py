@@ -62,7 +62,7 @@ def test_model_synth_and_inspect(tmp_path):
 
 
 def test_spec_input_must_match_model(write_spec, tmp_path):
-    from deepjit_compiler.synth import write_synthetic
+    from deepjit_compiler.model.synth import write_synthetic
 
     write_synthetic("yolov8n", tmp_path / "m.onnx")  # in this process: `model synth` has its own test
     path = write_spec({"path: ../models/yolov8s.onnx": "path: m.onnx", "  images:": "  image:"})
@@ -77,7 +77,8 @@ def test_folder_that_is_neither_model_nor_bundle_exits_2(tmp_path):
 
 
 def test_internal_error_exits_3_with_traceback(monkeypatch, capsys):
-    from deepjit_compiler import cli, spec
+    from deepjit_compiler import cli
+    from deepjit_compiler.spec import load as spec
 
     def broken():
         raise ZeroDivisionError("a bug")

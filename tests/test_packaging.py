@@ -7,7 +7,7 @@ import zipfile
 import pytest
 
 from conftest import REPO
-from deepjit_compiler.paths import data_dir
+from deepjit_compiler.config import data_dir
 
 
 def test_checkout_finds_data():
@@ -27,7 +27,7 @@ def test_wheel_carries_kernels_and_templates(tmp_path):
         assert f"deepjit_compiler/_data/templates/{kernel}.cu.j2" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = ("from deepjit_compiler.paths import data_dir; from deepjit_compiler.contracts import load_contract;"
+    code = ("from deepjit_compiler.config import data_dir; from deepjit_compiler.jit.contracts import load_contract;"
             "print(data_dir('kernels')); print(load_contract('nms').template_path)")
     env = {**os.environ, "PYTHONPATH": str(site)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)

@@ -2,7 +2,7 @@
 import re
 
 from conftest import REPO
-from deepjit_compiler.nvrtc import compile_site_kernel
+from deepjit_compiler.jit.nvrtc import compile_site_kernel
 
 
 def test_readme_kernel_example_compiles(tmp_path):

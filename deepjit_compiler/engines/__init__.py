@@ -17,10 +17,17 @@ from pathlib import Path
 
 import onnx
 
-from ..archive import atomic_write
 from ..errors import BundleError, SpecError
-from .base import (BACKENDS, Decision, EngineArtifact, EngineSettings, InputProfile, Runner,
-                   select_backend)
+from ..files import atomic_write
+from .base import (
+    BACKENDS,
+    Decision,
+    EngineArtifact,
+    EngineSettings,
+    InputProfile,
+    Runner,
+    select_backend,
+)
 
 __all__ = ["BACKENDS", "Decision", "EngineArtifact", "EngineSettings", "InputProfile", "Runner", "decide",
            "deferred_settings", "engine_from_segment", "local_device_sm", "materialize", "runner_for",

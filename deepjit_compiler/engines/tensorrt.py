@@ -141,7 +141,11 @@ def build_engine(segment_path: str | Path, settings: EngineSettings, *, timing_c
                  segment_name: str | None = None) -> EngineArtifact:
     """Build one segment's ONNX file into a TensorRT plan (on this machine's GPU). The timing cache
     (argument, else settings.timing_cache) is loaded if present and saved back."""
-    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath
+    from polygraphy.backend.trt import (
+        CreateConfig,
+        EngineBytesFromNetwork,
+        NetworkFromOnnxPath,
+    )
     from polygraphy.exception import PolygraphyException
 
     version = trt.__version__  # raises MissingDependency without TensorRT

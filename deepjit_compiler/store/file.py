@@ -21,9 +21,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..archive import atomic_write, pack_to
-from ..bundle import MANIFEST, Bundle, check_replaceable, read_bundle, unpack_bundle
+from ..bundle.archive import pack_to
+from ..bundle.folder import (
+    MANIFEST,
+    Bundle,
+    check_replaceable,
+    read_bundle,
+    unpack_bundle,
+)
 from ..errors import BundleError, StoreError, closest
+from ..files import atomic_write
 from . import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
 
 log = logging.getLogger("deepjit.store")

@@ -36,9 +36,17 @@ import oras.container
 import oras.provider
 import requests
 
-from ..archive import pack_to, sha256_stream, staging_dir
-from ..bundle import MANIFEST, Bundle, check_replaceable, canonical_json, read_bundle, unpack_bundle
+from ..bundle.archive import pack_to, sha256_stream
+from ..bundle.folder import (
+    MANIFEST,
+    Bundle,
+    check_replaceable,
+    read_bundle,
+    unpack_bundle,
+)
+from ..bundle.manifest import canonical_json
 from ..errors import BundleError, StoreError, closest
+from ..files import staging_dir
 from . import DIGEST_RE, Entry, PushResult, Store, check_tag
 
 log = logging.getLogger("deepjit.store")

@@ -11,8 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from polygraphy.backend.base import BaseRunner
 from polygraphy.comparator import Comparator
 
-from deepjit_compiler.engines import (Decision, EngineSettings, InputProfile, Runner, engine_from_segment,
-                                      runner_for)
+from deepjit_compiler.engines import Decision, EngineSettings, InputProfile, Runner, engine_from_segment, runner_for
 from deepjit_compiler.engines.onnxrt import OnnxrtEngineRunner, build_engine, cuda_available
 from deepjit_compiler.errors import EngineError, MissingDependency
 

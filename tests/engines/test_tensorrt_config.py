@@ -125,7 +125,7 @@ def test_settings_json_round_trip_and_digest():
 
 
 def test_settings_from_spec():
-    from deepjit_compiler.spec import load_spec
+    from deepjit_compiler.spec.load import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "pipelines" / "yolov8_h200.yaml").spec
     s = EngineSettings.from_spec(spec)

@@ -1,0 +1,66 @@
+"""Tensor signatures at stage boundaries, and the value infos of an ONNX graph they come from."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+Dim = int | str
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSig:
+    """A tensor at a stage boundary: its name, numpy dtype name and shape (ints or symbolic names)."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TensorSig:
+        """The inverse of to_dict (a bundle manifest's tensor entries)."""
+        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+
+def np_dtype_name(elem_type: int) -> str:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def sig_from_value_info(vi: onnx.ValueInfoProto) -> TensorSig | None:
+    """The tensor's signature, or None when its dtype or rank is unknown. Anonymous dims (no value,
+    no name) get a name of their own so that the signature stays printable."""
+    t = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or t.elem_type == 0 or not t.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for i, d in enumerate(t.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or f"{vi.name}:{i}")
+    return TensorSig(vi.name, np_dtype_name(t.elem_type), tuple(dims))
+
+
+def value_info_map(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    g = model.graph
+    out = {vi.name: vi for vi in g.value_info}
+    out.update({vi.name: vi for vi in g.input})
+    out.update({vi.name: vi for vi in g.output})
+    return out
+
+
+def is_complete(vi: onnx.ValueInfoProto | None) -> bool:
+    """Dtype and rank are known and every dim has a value or a name."""
+    if vi is None or sig_from_value_info(vi) is None:
+        return False
+    return all(d.HasField("dim_value") or d.dim_param for d in vi.type.tensor_type.shape.dim)

@@ -1,0 +1,96 @@
+"""Content-addressed on-disk cache of compiled kernels (CuPy's _compiler_cache, Triton's FileCacheManager).
+
+Layout: <root>/<key[:2]>/<key>/ holds one file per binary (cubin, ptx) and meta.json. Each file is
+written to a temp file in the same folder, fsynced and os.replace'd; meta.json goes last and is the
+commit marker: it records each binary's sha256, so a torn or corrupt entry reads as a miss (and is
+rebuilt). Concurrent builders of one key write identical bytes, so either replace wins safely.
+
+Root: the spec's `compile.cache_dir`, else $DEEPJIT_CACHE_DIR, else the user cache dir (config.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from ..files import atomic_write
+
+log = logging.getLogger("deepjit.cache")
+META = "meta.json"
+
+
+def key_of(material: Mapping[str, Any]) -> str:
+    """sha256 of a JSON-able mapping, keys sorted: the same material always gives the same key."""
+    return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass
+class CacheStats:
+    """Counters a test can assert on ("ten builds compile once")."""
+
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    corrupt: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def bump(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+
+stats = CacheStats()
+
+
+class KernelCache:
+    """get(key) -> (meta, blobs) or None; put(key, blobs, meta)."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root is not None else config.cache_dir()
+
+    def folder(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def get(self, key: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+        folder = self.folder(key)
+        try:
+            meta = json.loads((folder / META).read_text())
+            blobs = {name: (folder / name).read_bytes() for name in meta["blobs"]}
+        except FileNotFoundError:
+            stats.bump("misses")
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return self._corrupt(key, f"unreadable ({e})")
+        for name, data in blobs.items():
+            if hashlib.sha256(data).hexdigest() != meta["blobs"][name]:
+                return self._corrupt(key, f"{name} does not match its digest")
+        if meta.get("key") != key:
+            return self._corrupt(key, "meta.json belongs to another key")
+        stats.bump("hits")
+        return meta, blobs
+
+    def _corrupt(self, key: str, why: str) -> None:
+        log.warning("ignoring corrupt kernel cache entry %s: %s; it will be rebuilt", self.folder(key), why)
+        stats.bump("corrupt")
+        stats.bump("misses")
+        return None
+
+    def put(self, key: str, blobs: Mapping[str, bytes], meta: Mapping[str, Any]) -> None:
+        folder = self.folder(key)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, data in blobs.items():
+                atomic_write(folder / name, data)
+            record = {**meta, "key": key, "blobs": {n: hashlib.sha256(d).hexdigest() for n, d in blobs.items()}}
+            atomic_write(folder / META, json.dumps(record, indent=1, sort_keys=True, default=list).encode())
+        except OSError as e:
+            # A read-only or full cache must not fail the build: the kernel is compiled either way.
+            log.warning("cannot write kernel cache entry %s: %s", folder, e)
+            return
+        stats.bump("writes")

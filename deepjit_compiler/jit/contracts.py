@@ -1,0 +1,302 @@
+"""Kernel contracts: what a JIT kernel needs, takes, makes and how it is launched (kernels/*.yaml).
+
+A contract names its template, its params (types, defaults, allowed values, which kernel-site fact
+supplies them), its tensors (dtypes and shapes as expressions of params and symbolic dims), its
+entry points (C++ name expressions, launch geometry, typed args) and its scratch workspace. The
+format is documented in docs/kernel-contracts.md; its pydantic models are in contract_models.py.
+
+Every string in a contract that computes something is a Jinja expression, evaluated in a sandbox
+with StrictUndefined: `4 * reg_max`, `ceil_div(A, block)`. It may also hold `{{ }}` / `{% %}`,
+expanded first with the params (and `i` inside `repeat`), which is how a contract spells a name per
+level (`box_{{ i }}`) or a sum over levels. A bare name that is neither a param nor a bound dim
+(`B`, `A`, `H0`) is a symbolic dim, bound at launch from the tensors' actual shapes.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ..config import data_dir
+from ..errors import KernelError, RuntimeInputError, closest
+from ..spec.locate import describe_errors
+from .contract_models import ContractModel, ParamSpec
+from .expressions import CTYPES, _repeats, _truthy, evaluate, expand
+
+
+@dataclass(frozen=True, slots=True)
+class Contract:
+    """A loaded contract: its model, where it lives, and the files its template is made of."""
+
+    model: ContractModel
+    path: Path
+    template_path: Path
+    header_paths: tuple[Path, ...]
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def digest(self) -> str:
+        h = hashlib.sha256(self.path.read_bytes())
+        for p in (self.template_path, *self.header_paths):
+            h.update(p.name.encode() + b"\0" + p.read_bytes())
+        return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSig:
+    name: str
+    dtype: str
+    shape: tuple[Any, ...]      # int, or str: a symbolic dim name or an expression over dims
+    role: str                   # "input" | "output"
+    zero_init: bool = False
+
+
+def _find(path: Path, folders: list[Path], what: str, owner: Path) -> Path:
+    for folder in folders:
+        if (folder / path).is_file():
+            return (folder / path).resolve()
+    raise KernelError(f"{owner}: {what} '{path}' not found in {', '.join(str(f) for f in folders)}")
+
+
+def load_contract(ref: str, *, spec_dir: Path | None = None) -> Contract:
+    """A contract by name (kernels/<name>.yaml) or by path (relative to spec_dir) to a user's YAML."""
+    builtin = data_dir("kernels")
+    looks_like_path = ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref
+    if looks_like_path:
+        path = Path(ref) if Path(ref).is_absolute() or spec_dir is None else Path(spec_dir) / ref
+    else:
+        path = builtin / f"{ref}.yaml"
+        if not path.is_file():
+            names = sorted(p.stem for p in builtin.glob("*.yaml"))
+            raise KernelError(f"unknown kernel contract '{ref}'{closest(ref, names)}; built-in: "
+                              f"{', '.join(names)} (or give a path to your own .yaml)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise KernelError(f"{path}: kernel contract not found") from None
+    model = _parse_contract(text, path)
+    folders = [path.parent.resolve(), data_dir("templates")]
+    template = _find(Path(model.template), folders, "template", path)
+    headers = tuple(_find(Path(h), [template.parent, *folders], "header", path) for h in model.headers)
+    return Contract(model, path.resolve(), template, headers)
+
+
+@lru_cache(maxsize=64)
+def _parse_contract(text: str, path: Path) -> ContractModel:
+    """The validated model of a contract's text (parsed once per text: a build, its bundle and the
+    runtime load the same few contracts many times). `path` only names the file in errors."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise KernelError(f"{path}: YAML error: {e}") from None
+    if not isinstance(data, dict):
+        raise KernelError(f"{path}:1:1: a contract is a mapping with keys {', '.join(ContractModel.model_fields)}")
+    try:
+        return ContractModel.model_validate(data)
+    except ValidationError as e:  # only now the node tree, for the file:line:col of each problem
+        raise KernelError(describe_errors(e, path, yaml.compose(text, Loader=yaml.SafeLoader), ContractModel)) from None
+
+
+def _check_param(name: str, spec: ParamSpec, value: Any, where: str) -> Any:
+    if spec.symbolic and isinstance(value, str):
+        return value
+    kinds = {"int": int, "float": (int, float), "bool": bool, "str": str, "list": (list, tuple)}
+    ok = isinstance(value, kinds[spec.type]) and not (spec.type in ("int", "float") and isinstance(value, bool))
+    if not ok:
+        raise KernelError(f"{where}: param '{name}' must be {spec.type}, got {value!r}")
+    if spec.allowed is not None and value not in spec.allowed:
+        raise KernelError(f"{where}: param '{name}' must be one of {spec.allowed}, got {value!r}"
+                          + closest(str(value), [str(a) for a in spec.allowed]))
+    if spec.min is not None and value < spec.min or spec.max is not None and value > spec.max:
+        raise KernelError(f"{where}: param '{name}' must be in [{spec.min}, {spec.max}], got {value!r}")
+    return float(value) if spec.type == "float" else list(value) if spec.type == "list" else value
+
+
+def _sym(value: Any, name: str) -> Any:
+    """An int dim stays; anything else (None, 'height/8', 'batch') becomes the symbolic dim `name`."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else name
+
+
+def normalize_facts(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Kernel-site facts as surgery writes them (presets.py) -> the values contracts infer from:
+    levels as [[H, W], ...] with symbolic sides named H{i}/W{i}, anchors an int or 'A',
+    input_dtype from dtypes.head, input_size an int for a square input."""
+    out = dict(facts)
+    levels = facts.get("levels")
+    if isinstance(levels, (list, tuple)):
+        rows = []
+        for i, lv in enumerate(levels):
+            h, w = (lv.get("height"), lv.get("width")) if isinstance(lv, Mapping) else tuple(lv)
+            rows.append([_sym(h, f"H{i}"), _sym(w, f"W{i}")])
+        out["levels"] = rows
+    if "anchors" in facts:
+        out["anchors"] = _sym(facts["anchors"], "A")
+    if "input_dtype" not in facts and isinstance(facts.get("dtypes"), Mapping):
+        out["input_dtype"] = facts["dtypes"].get("head")
+    size = facts.get("input_size")
+    if isinstance(size, (list, tuple)):
+        out["input_size"] = size[0] if len(set(size)) == 1 and isinstance(size[0], int) else None
+    return out
+
+
+def resolve_params(contract: Contract, given: Mapping[str, Any],
+                   facts: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """Params for rendering: given > kernel-site fact > default, checked, plus the derived values."""
+    model, facts, where = contract.model, normalize_facts(facts or {}), str(contract.path)
+    unknown = sorted(set(given) - set(model.params))
+    if unknown:
+        raise KernelError(f"{where}: unknown param '{unknown[0]}'{closest(unknown[0], model.params)}; "
+                          f"params: {', '.join(model.params)}")
+    values: dict[str, Any] = {}
+    for name, spec in model.params.items():
+        if name in given:
+            value = given[name]
+        elif spec.infer is not None and facts.get(spec.infer) is not None:
+            value = facts[spec.infer]
+        elif "default" in spec.model_fields_set:
+            value = spec.default
+        else:
+            hint = f" (normally inferred from the kernel site's '{spec.infer}')" if spec.infer else ""
+            raise KernelError(f"{where}: param '{name}' was neither given nor inferable{hint}: "
+                              f"set it under the cut's kernels[].params")
+        values[name] = _check_param(name, spec, value, where) if value is not None else None
+    for name, expr in model.derived.items():
+        values[name] = evaluate(expr, values, f"{where}: derived.{name}")
+    return MappingProxyType(values)
+
+
+def signature(contract: Contract, params: Mapping[str, Any]) -> tuple[TensorSig, ...]:
+    """Inputs then outputs, with dtypes resolved and shapes as far as the params allow."""
+    out = []
+    for role, specs in (("input", contract.model.inputs), ("output", contract.model.outputs)):
+        for k, spec in enumerate(specs):
+            where = f"{contract.path}: {role}s[{k}]"
+            for ctx in _repeats(spec, params, where):
+                name, dtype = expand(spec.name, ctx), evaluate(spec.dtype, ctx, f"{where}.dtype")
+                if dtype not in CTYPES:
+                    raise KernelError(f"{where}: dtype must be one of {', '.join(CTYPES)}, got {dtype!r}")
+                shape = tuple(evaluate(d, ctx, f"{where}.shape") for d in spec.shape)
+                out.append(TensorSig(name, dtype, shape, role, spec.zero_init))
+    return tuple(out)
+
+
+def bind_dims(contract: Contract, params: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
+              extra: Mapping[str, int] | None = None) -> Mapping[str, int]:
+    """Symbolic dims from the actual input shapes (and `extra`), then the contract's `dims:` section.
+    A shape that contradicts the contract is a RuntimeInputError naming the tensor and the dim."""
+    dims: dict[str, int] = dict(extra or {})
+    origin = {name: "extra dims" for name in dims}
+    sigs = [s for s in signature(contract, params) if s.role == "input"]
+    for sig in sigs:
+        if sig.name not in shapes:
+            raise RuntimeInputError(f"kernel {contract.name}: input '{sig.name}' is missing; "
+                                    f"inputs: {', '.join(s.name for s in sigs)}")
+        actual = tuple(int(d) for d in shapes[sig.name])
+        if len(actual) != len(sig.shape):
+            raise RuntimeInputError(f"kernel {contract.name}: input '{sig.name}' has shape {actual}, "
+                                    f"expected rank {len(sig.shape)} {sig.shape}")
+        for axis, (want, got) in enumerate(zip(sig.shape, actual)):
+            if isinstance(want, str) and want.isidentifier() and want not in params:
+                if want not in dims:
+                    origin[want] = f"input '{sig.name}' dim {axis}"
+                want = dims.setdefault(want, got)
+            if isinstance(want, int) and want != got:
+                raise RuntimeInputError(f"kernel {contract.name}: input '{sig.name}' dim {axis} is {got}, "
+                                        f"expected {want} (shape {sig.shape})")
+    ctx = {**params, **dims}
+    for name, expr in contract.model.dims.items():
+        value = evaluate(expr, ctx, f"{contract.path}: dims.{name}")
+        if name in dims and dims[name] != value:
+            raise RuntimeInputError(f"kernel {contract.name}: dim {name} is {dims[name]} from {origin[name]}, "
+                                    f"but the contract makes it {value} ({expand(expr, ctx)})")
+        dims[name] = ctx[name] = int(value)
+    for sig in sigs:  # expressions over dims (e.g. 4 + nc, H0 * W0) are checked once all are bound
+        want = concrete_shape(sig, params, dims, f"kernel {contract.name}: input '{sig.name}'")
+        if want != tuple(int(d) for d in shapes[sig.name]):
+            raise RuntimeInputError(f"kernel {contract.name}: input '{sig.name}' has shape "
+                                    f"{tuple(shapes[sig.name])}, expected {want}")
+    return MappingProxyType(dims)
+
+
+def concrete_shape(sig: TensorSig, params: Mapping[str, Any], dims: Mapping[str, int],
+                   where: str = "") -> tuple[int, ...]:
+    """A tensor's shape with every symbolic dim bound."""
+    shape = tuple(evaluate(d, {**params, **dims}, where or sig.name) for d in sig.shape)
+    unbound = [d for d in shape if not isinstance(d, int)]
+    if unbound:
+        raise RuntimeInputError(f"{where or f'tensor {sig.name!r}'}: dims {unbound} are not bound by the inputs")
+    return shape
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One kernel launch: which symbol, its geometry and its typed args (name, type, value)."""
+
+    entry: str
+    symbol: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    args: tuple[tuple[str, str, Any], ...]
+    overlap: bool = False  # the entry's overlaps_previous
+
+
+def _dim3(values, ctx, where) -> tuple[int, int, int]:
+    vals = [int(evaluate(v, ctx, where)) for v in values]
+    if not 1 <= len(vals) <= 3 or min(vals) < 0:
+        raise KernelError(f"{where}: need 1 to 3 non-negative ints, got {vals}")
+    return tuple(vals + [1] * (3 - len(vals)))  # type: ignore[return-value]
+
+
+def entry_symbols(contract: Contract, params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(entry name, C++ name expression) of the entry points that `when` selects."""
+    out = []
+    for k, e in enumerate(contract.model.entry_points):
+        if _truthy(e.when, params, f"{contract.path}: entry_points[{k}].when"):
+            out.append((e.name, expand(e.symbol, params)))
+    if not out:
+        raise KernelError(f"{contract.path}: no entry point applies to params {dict(params)}")
+    return tuple(out)
+
+
+def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int],
+             values: Mapping[str, Any]) -> tuple[Launch, ...]:
+    """The launches for bound dims; `values` maps tensor/workspace names to device pointers."""
+    ctx = {**params, **dims}
+    out = []
+    for k, e in enumerate(contract.model.entry_points):
+        where = f"{contract.path}: entry_points[{k}]"
+        if not _truthy(e.when, ctx, f"{where}.when"):
+            continue
+        args = []
+        for j, a in enumerate(e.args):
+            for actx in _repeats(a, ctx, f"{where}.args[{j}]"):
+                name = expand(a.name, actx)
+                if a.value is not None:
+                    value = evaluate(a.value, {**actx, **values}, f"{where}.args[{j}].value")
+                elif name in values:
+                    value = values[name]
+                elif name in actx:
+                    value = actx[name]
+                else:
+                    raise KernelError(f"{where}.args[{j}]: no tensor, dim or param named '{name}'"
+                                      f"{closest(name, [*values, *actx])}")
+                args.append((name, a.type, value))
+        out.append(Launch(e.name, expand(e.symbol, params), _dim3(e.grid, ctx, f"{where}.grid"),
+                          _dim3(e.block, ctx, f"{where}.block"),
+                          int(evaluate(e.shared_mem, ctx, f"{where}.shared_mem")), tuple(args),
+                          e.overlaps_previous))
+    return tuple(out)
+
+
+def workspace_bytes(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int]) -> int:
+    return int(evaluate(contract.model.workspace, {**params, **dims}, f"{contract.path}: workspace"))

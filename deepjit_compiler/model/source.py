@@ -1,0 +1,77 @@
+"""Resolve the spec's model (load it, or synthesize it when missing) and check the spec's inputs fit it."""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from ..errors import ModelError, SpecError, closest
+from ..spec.load import LoadedSpec
+from .info import load_model, tensor_info
+
+log = logging.getLogger("deepjit.model")
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    path: Path
+    model: onnx.ModelProto
+    data: bytes  # the file's bytes, read once: hashed here, copied into the bundle
+    synthesized: bool
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
+    """Load the spec's model; synthesize it first when the file is missing and `synthesize` is set."""
+    src = loaded.spec.model
+    synthesized = False
+    if not src.path.exists():
+        if src.synthesize is None:
+            raise ModelError(f"{loaded.path}: model.path: {src.path} does not exist "
+                             f"(export it from ultralytics, or set `model.synthesize: yolov8s` for a synthetic one)")
+        from .synth import write_synthetic
+
+        log.info("synthesizing %s (seed %d) at %s", src.synthesize, src.seed, src.path)
+        write_synthetic(src.synthesize, src.path, seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
+        synthesized = True
+    model = load_model(src.path)
+    return ResolvedModel(src.path, model, src.path.read_bytes(), synthesized)
+
+
+def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:
+    """The spec's `inputs` must name graph inputs of the model, with matching rank, dtype and fixed dims.
+
+    A stage added before an input (letterbox `add: before, at: images`) replaces that input; the spec
+    then describes the pipeline's own input, and the model's input is checked by the surgery.
+    """
+    spec, where = loaded.spec, loaded.path
+    initializers = {i.name for i in model.graph.initializer}
+    graph_inputs = {i.name: i for i in model.graph.input if i.name not in initializers}
+    replaced = {c.at for c in spec.cuts if c.add == "before"}
+    for name, want in spec.inputs.items():
+        if name not in graph_inputs:
+            if replaced:
+                continue
+            raise SpecError(f"{where}: inputs.{name}: the model has no input '{name}'{closest(name, graph_inputs)}; "
+                            f"model inputs: {', '.join(graph_inputs)}")
+        have = tensor_info(graph_inputs[name])
+        if have.dtype != want.dtype:
+            raise SpecError(f"{where}: inputs.{name}.dtype: the model's '{name}' is {have.dtype}, "
+                            f"the spec says {want.dtype}")
+        dims = list(have.shape or ())
+        if len(dims) != len(want.shape):
+            raise SpecError(f"{where}: inputs.{name}.shape: the model's '{name}' has rank {len(dims)} {dims}, "
+                            f"the spec gives {want.shape}")
+        for i, (m, s) in enumerate(zip(dims, want.max_shape)):
+            if isinstance(m, int) and m > 0 and m != s:
+                raise SpecError(f"{where}: inputs.{name}: dim {i} is fixed to {m} in the model, "
+                                f"the spec's shape/profile allows {s}")
+    missing = [n for n in graph_inputs if n not in spec.inputs and n not in replaced]
+    if missing:
+        raise SpecError(f"{where}: inputs: the model also needs {missing}; describe every model input")

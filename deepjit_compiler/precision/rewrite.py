@@ -1,0 +1,209 @@
+"""Precision as a graph transform on engine segments, and its accuracy cost against fp32.
+
+TensorRT 11 removed the weak-typing builder flags (BuilderFlag.FP16/INT8/BF16, calibrators), so the
+precision lives in the ONNX graph, and TensorRT builds the segment strongly typed:
+
+- fp16: ONNX Runtime's `transformers.float16.convert_float_to_float16`, graph I/O kept fp32, the
+  `keep_fp32` ops and nodes left in fp32 (plus ORT's own block list of ops without fp16 support);
+- bf16: the same pass (it places the casts), then every float16 it produced retyped to bfloat16 with
+  weights re-rounded from their fp32 values; ONNX has Conv and MaxPool in bfloat16 only from opset 22,
+  so older segments are upgraded to 22 first, and ops without a bfloat16 schema stay fp32;
+- int8: `onnxruntime.quantization.quantize_static`, Q/DQ format, symmetric int8 activations and
+  per-channel symmetric int8 weights, fp32 bias (what TensorRT's explicit quantization takes), the
+  `keep_fp32` nodes excluded, ranges from `calibration` (cached); see calibration.py.
+
+`measure_cost` runs the fp32 segment and the rewritten one on the CPU with ONNX Runtime. ORT's CPU
+provider cannot run the rewrites as they are: it has no bf16 Conv (the bf16 graph fails to load with
+NOT_IMPLEMENTED), and it runs fp16 Convs in fp32 and drops the rounding between consecutive ones,
+which hides most of the fp16 error. So the rewritten graph is measured through an fp32 twin
+(`emulate_in_fp32`) that rounds every fp16/bf16 tensor (Cast to the low type and back) exactly where
+the rewritten graph stores one, with ORT's graph optimizations off (for the fp32 segment too) so
+nothing is fused away. int8 Q/DQ graphs run as they are, also unoptimized: fake quantization, as
+the graph says. That is the error of the graph's own semantics (low-precision storage, fp32
+arithmetic); a GPU that also multiplies in fp16 can add a little, TensorRT's fusions remove a little.
+"""
+from __future__ import annotations
+
+import copy
+import fnmatch
+import logging
+from collections.abc import Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import TensorProto, helper, numpy_helper, version_converter
+from onnx_graphsurgeon.logger import G_LOGGER
+
+from ..engines.base import PRECISIONS
+from ..errors import ModelError, SpecError, closest
+from . import calibration as cal
+
+log = logging.getLogger("deepjit.precision")
+
+
+LOW = {TensorProto.FLOAT16: np.float16, TensorProto.BFLOAT16: ml_dtypes.bfloat16}
+BF16_OPSET = 22  # first opset whose Conv, MaxPool, ConstantOfShape... accept bfloat16
+
+# Entries are op types, exact node names, or fnmatch patterns over node names.
+# The /model.22/ patterns are the ultralytics YOLOv8 Detect head's node names.
+KEEP_FP32_REASONS: dict[str, str] = {
+    "Softmax": "DFL: the expectation over 16 bins is multiplied by the stride (up to 32 px), so a "
+               "1e-3 error in a bin probability becomes a visible box shift; exp and the sum also "
+               "lose digits in fp16",
+    "/model.22/dfl/*": "DFL expectation: the 1x1 Conv with weights 0..15 and its reshapes, same reason",
+    "/model.22/Sub*": "dist2bbox: box corners in input pixels (up to 640), where fp16 spacing is 0.5 px",
+    "/model.22/Add*": "dist2bbox: box corners and centres in input pixels, same reason",
+    "/model.22/Div*": "dist2bbox: box centres in input pixels, same reason",
+    "/model.22/Mul*": "grid units times stride: the final pixel coordinates, same reason",
+    "TopK": "ranking: fp16 ties reorder candidates",
+    "NonMaxSuppression": "IoU thresholds compared in fp16 flip keep/suppress decisions",
+    "ReduceSum": "normalisation statistics: sums of squares overflow fp16 past 65504",
+    "ReduceMean": "normalisation statistics: same reason",
+}
+DEFAULT_KEEP_FP32: tuple[str, ...] = tuple(KEEP_FP32_REASONS)
+
+
+def apply_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Sequence[str] = DEFAULT_KEEP_FP32,
+                    calibration: cal.CalibrationSettings | None = None) -> onnx.ModelProto:
+    """`model` (an fp32 engine segment) rewritten to `precision`; graph inputs and outputs keep their
+    types, the `keep_fp32` ops/nodes stay fp32. int8 needs `calibration`. Returns a new model."""
+    if precision not in PRECISIONS:
+        raise SpecError(f"engine.precision: must be one of {', '.join(PRECISIONS)}, got "
+                        f"'{precision}'{closest(precision, PRECISIONS)}")
+    model = copy.deepcopy(model)
+    if precision == "fp32":
+        return model
+    ops, nodes = resolve_keep_fp32(model, keep_fp32)
+    if precision == "int8":
+        if calibration is None:
+            raise SpecError("engine.calibration: precision int8 needs calibration data (data: a folder "
+                            "or random, cache: a folder)")
+        kept = nodes | {n.name for n in model.graph.node if n.op_type in ops}
+        out = cal.quantize_int8(model, calibration, exclude=kept)
+    else:
+        out = _to_float16(model, ops, nodes) if precision == "fp16" else _to_bfloat16(model, ops, nodes)
+        out = _fold_round_trips(out)
+    # an opset upgrade (bf16) needs the IR version that goes with it; otherwise keep the model's own
+    out.ir_version = max(out.ir_version, helper.find_min_ir_version_for(list(out.opset_import), ignore_unknown=True))
+    helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, "deepjit.precision": precision})
+    log.info("rewrote %s to %s (%d nodes kept fp32)", model.graph.name or "segment", precision,
+             sum(1 for n in model.graph.node if n.op_type in ops or n.name in nodes))
+    return out
+
+
+def resolve_keep_fp32(model: onnx.ModelProto, keep_fp32: Sequence[str]) -> tuple[set[str], set[str]]:
+    """(op types, node names) that `keep_fp32` names in `model`. An entry is an op type when ONNX
+    has an op of that name, else a node name or an fnmatch pattern over node names."""
+    ops, nodes, names = set(), set(), [n.name for n in model.graph.node]
+    for entry in keep_fp32:
+        if onnx.defs.has(entry):
+            ops.add(entry)
+        else:
+            nodes.update(fnmatch.filter(names, entry))
+    return ops, nodes
+
+
+def check_keep_fp32(models: Sequence[onnx.ModelProto], keep_fp32: Sequence[str]) -> None:
+    """SpecError for a user's keep_fp32 entry that names no op type and matches no node in any segment."""
+    names = [n.name for m in models for n in m.graph.node]
+    for i, entry in enumerate(keep_fp32):
+        if not onnx.defs.has(entry) and not fnmatch.filter(names, entry):
+            raise SpecError(f"engine.keep_fp32[{i}]: '{entry}' is neither an ONNX op type nor a node name "
+                            f"(or pattern) of the engine segments{closest(entry, names)}")
+
+
+# -- fp16 / bf16 ----------------------------------------------------------------------------------
+
+def _to_float16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:
+    from onnxruntime.transformers.float16 import (
+        DEFAULT_OP_BLOCK_LIST,
+        convert_float_to_float16,
+    )
+
+    # op_block_list replaces ORT's default list, so extend it rather than pass ours alone.
+    return convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(set(DEFAULT_OP_BLOCK_LIST) | ops),
+                                    node_block_list=sorted(nodes))
+
+
+def _to_bfloat16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:
+    opset = _opset(model)
+    if opset < BF16_OPSET:
+        try:
+            model = version_converter.convert_version(model, BF16_OPSET)
+        except Exception as e:  # the converter raises bare RuntimeErrors/ValueErrors per op
+            raise ModelError(f"segment '{model.graph.name}': bf16 needs ONNX opset {BF16_OPSET} (Conv takes "
+                             f"bfloat16 from there); upgrading the segment from opset {opset} failed: {e}") from None
+    opset = max(opset, BF16_OPSET)
+    no_bf16 = {n.op_type for n in model.graph.node if not _has_bf16(n.op_type, opset, n.domain)}
+    # fp32 originals by initializer name, and Constant values by node name: bf16 keeps fp32's
+    # range, so weights are rounded from these rather than from their fp16 (range-clamped) copies.
+    originals = {t.name: t for t in model.graph.initializer}
+    originals.update({n.name: a.t for n in model.graph.node for a in n.attribute
+                      if a.type == onnx.AttributeProto.TENSOR})
+    fp16 = _to_float16(model, ops | no_bf16, nodes)
+    _retype_graph(fp16.graph, originals)
+    return fp16
+
+
+def _has_bf16(op_type: str, opset: int, domain: str) -> bool:
+    """Whether the op's schema at `opset` takes bfloat16 wherever it takes float (ops without float
+    inputs, e.g. Shape's outputs, pass trivially)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return False
+    floaty = [tc.allowed_type_strs for tc in schema.type_constraints if "tensor(float)" in tc.allowed_type_strs]
+    return all("tensor(bfloat16)" in allowed for allowed in floaty)
+
+
+def _retype_graph(graph: onnx.GraphProto, originals: Mapping[str, onnx.TensorProto]) -> None:
+    """float16 -> bfloat16 everywhere in the graph the fp16 pass put it; weights re-rounded from fp32."""
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            vi.type.tensor_type.elem_type = TensorProto.BFLOAT16
+    for t in graph.initializer:
+        if t.data_type == TensorProto.FLOAT16:
+            t.CopyFrom(_as_bf16(t, originals.get(t.name)))
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i == TensorProto.FLOAT16:
+                attr.i = TensorProto.BFLOAT16
+            elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == TensorProto.FLOAT16:
+                attr.t.CopyFrom(_as_bf16(attr.t, originals.get(node.name)))
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                _retype_graph(attr.g, originals)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    _retype_graph(g, originals)
+
+
+def _as_bf16(t: onnx.TensorProto, original: onnx.TensorProto | None) -> onnx.TensorProto:
+    src = original if original is not None and original.data_type == TensorProto.FLOAT else t
+    values = numpy_helper.to_array(src).astype(np.float32)
+    return numpy_helper.from_array(values.astype(ml_dtypes.bfloat16), t.name)
+
+
+def _fold_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Cast(fp32 -> low) -> Cast(-> fp32), which the fp16 pass leaves between two fp32 ops (the DFL
+    Softmax and its Conv, a kept op and a graph output), becomes an Identity of the fp32 value: the
+    rounding helps nothing there. Then topologically sort (TensorRT's parser needs it)."""
+    with G_LOGGER.suppress(G_LOGGER.ERROR):  # gs warns that numpy lacks bfloat16; types are kept
+        graph = gs.import_onnx(model)
+    for node in graph.nodes:
+        if node.op != "Cast" or node.attrs.get("to") != TensorProto.FLOAT:
+            continue
+        mid = node.inputs[0]
+        if len(mid.inputs) != 1 or mid.inputs[0].op != "Cast" or mid.inputs[0].attrs.get("to") not in LOW:
+            continue
+        src = mid.inputs[0].inputs[0]
+        if src.dtype == np.float32:
+            node.op, node.attrs, node.inputs = "Identity", {}, [src]
+    graph.cleanup().toposort()
+    with G_LOGGER.suppress(G_LOGGER.ERROR):
+        return gs.export_onnx(graph, do_type_check=False)
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)

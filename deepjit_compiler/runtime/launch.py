@@ -1,0 +1,224 @@
+"""Host-side launchers: bind tensors to a contract, compute its geometry, pack typed args, launch.
+
+`ContractKernel` runs any compiled contract (a user's too); `Postprocess` chains yolov8_decode
+(candidates) and nms on shared candidate buffers, ready for CUDA-graph capture; `Letterbox` adds
+the host-side geometry the letterbox kernel takes as args.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import KernelError, RuntimeInputError
+from ..jit.contracts import (
+    Launch,
+    TensorSig,
+    bind_dims,
+    concrete_shape,
+    launches,
+    load_contract,
+    signature,
+    workspace_bytes,
+)
+from ..jit.nvrtc import CompiledKernel
+from .gpu import DeviceArray, Gpu
+
+log = logging.getLogger("deepjit.kernels")
+
+_ARG_TYPES = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32,
+              "f64": np.float64}
+
+
+def pack_arg(name: str, kind: str, value: Any):
+    """A kernel arg with an explicit C type: cuda.core would pass a Python int as a pointer and a
+    float as a double."""
+    if kind == "ptr":
+        if isinstance(value, DeviceArray):
+            return np.uint64(value.ptr)
+        if value is None:
+            return np.uint64(0)
+        if isinstance(value, (int, np.integer)):
+            return np.uint64(int(value))
+        raise KernelError(f"kernel arg '{name}' is a pointer; got {type(value).__name__}")
+    if isinstance(value, DeviceArray) or kind not in _ARG_TYPES:
+        raise KernelError(f"kernel arg '{name}' is {kind}; got {value!r}")
+    return _ARG_TYPES[kind](value)
+
+
+def pack_args(launch: Launch) -> list:
+    return [pack_arg(name, kind, value) for name, kind, value in launch.args]
+
+
+class ContractKernel:
+    """A compiled contract loaded on a GPU."""
+
+    def __init__(self, gpu: Gpu, compiled: CompiledKernel, prefer: str = "auto"):
+        self.gpu, self.compiled = gpu, compiled
+        self.contract = load_contract(compiled.contract_path)
+        self.params = compiled.params
+        self.module = gpu.load(compiled, prefer)
+        self.signature: tuple[TensorSig, ...] = signature(self.contract, self.params)
+        self._functions: dict[str, Any] = {}
+        self._shared: dict[str, int] = {}  # dynamic shared memory each entry is allowed so far
+
+    @property
+    def inputs(self) -> tuple[TensorSig, ...]:
+        return tuple(s for s in self.signature if s.role == "input")
+
+    @property
+    def outputs(self) -> tuple[TensorSig, ...]:
+        return tuple(s for s in self.signature if s.role == "output")
+
+    def bind(self, inputs: Mapping[str, DeviceArray], extra_dims: Mapping[str, int] | None = None) -> Mapping[str, int]:
+        """Symbolic dims from the inputs' shapes; dtypes checked."""
+        for sig in self.inputs:
+            arr = inputs.get(sig.name)
+            if arr is not None and arr.dtype != np.dtype(sig.dtype):
+                raise RuntimeInputError(f"kernel {self.contract.name}: input '{sig.name}' is {arr.dtype}, "
+                                        f"expected {sig.dtype}")
+        return bind_dims(self.contract, self.params, {k: v.shape for k, v in inputs.items()}, extra_dims)
+
+    def allocate_outputs(self, dims: Mapping[str, int]) -> dict[str, DeviceArray]:
+        """Output buffers for bound dims; zero_init ones (counters) are zeroed once, here."""
+        out = {}
+        for sig in self.outputs:
+            arr = self.gpu.empty(concrete_shape(sig, self.params, dims), sig.dtype)
+            if sig.zero_init:
+                self.gpu.fill(arr, 0)
+            out[sig.name] = arr
+        return out
+
+    def workspace(self, dims: Mapping[str, int]) -> DeviceArray | None:
+        size = workspace_bytes(self.contract, self.params, dims)
+        return self.gpu.empty((size,), np.uint8) if size else None
+
+    def launches(self, tensors: Mapping[str, Any], dims: Mapping[str, int]) -> tuple[Launch, ...]:
+        return launches(self.contract, self.params, dims, tensors)
+
+    def prepare(self, tensors: Mapping[str, Any], dims: Mapping[str, int]) -> tuple[Prepared, ...]:
+        """Geometry, configs and packed args for fixed buffers: launching them is all that is left."""
+        plan = []
+        for item in self.launches(tensors, dims):
+            fn = self._functions.get(item.entry)
+            if fn is None:
+                fn = self._functions[item.entry] = self.module.kernel(item.entry)
+            # Only ever raised: graphs captured for other shapes still launch with what they were given.
+            if item.shared_mem > self._shared.get(item.entry, 0):
+                self.gpu.allow_shared(fn, item.shared_mem, f"kernel {self.contract.name} ({item.entry})")
+                self._shared[item.entry] = item.shared_mem
+            # Overlap needs the code's own wait, compiled in only for sm_90 and newer.
+            config = self.gpu.launch_config(item.grid, item.block, item.shared_mem,
+                                            overlap=item.overlap and self.compiled.sm >= 90)
+            plan.append(Prepared(item.entry, fn, config, tuple(pack_args(item))))
+        return tuple(plan)
+
+    def launch(self, tensors: Mapping[str, Any], dims: Mapping[str, int]) -> int:
+        """Launch every entry point in order; returns how many kernels were launched."""
+        return self.gpu_launch(self.prepare(tensors, dims))
+
+    def gpu_launch(self, plan: tuple[Prepared, ...]) -> int:
+        for p in plan:
+            self.gpu.launch_with(p.config, p.function, *p.args)
+        return len(plan)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A launch ready to go: kernel, LaunchConfig and typed args (pointers fixed)."""
+
+    entry: str
+    function: Any
+    config: Any
+    args: tuple
+
+
+class Postprocess:
+    """yolov8_decode (mode candidates) -> nms for fixed input shapes, with persistent buffers.
+
+    The candidate counters are zeroed once at allocation; nms resets them after reading, so a run is
+    exactly two launches (and one CUDA graph replay when captured)."""
+
+    def __init__(self, gpu: Gpu, decode: CompiledKernel, nms: CompiledKernel, inputs: Mapping[str, DeviceArray],
+                 prefer: str = "auto"):
+        if decode.params.get("mode") != "candidates":
+            raise KernelError(f"Postprocess needs the decode in mode 'candidates', got mode "
+                              f"{decode.params.get('mode')!r}")
+        self.gpu, self.inputs = gpu, dict(inputs)
+        self.decode, self.nms = ContractKernel(gpu, decode, prefer), ContractKernel(gpu, nms, prefer)
+        self.decode_dims = self.decode.bind(self.inputs)
+        self.candidates = self.decode.allocate_outputs(self.decode_dims)
+        self.nms_dims = self.nms.bind(self.candidates)
+        self.outputs = self.nms.allocate_outputs(self.nms_dims)
+        self.scratch = self.nms.workspace(self.nms_dims)
+        self.plan = (self.decode.prepare({**self.inputs, **self.candidates}, self.decode_dims)
+                     + self.nms.prepare({**self.candidates, **self.outputs, "workspace": self.scratch}, self.nms_dims))
+
+    def launch(self) -> int:
+        """Enqueue one post-process on the GPU's stream (inputs are read from self.inputs' buffers);
+        returns the kernels launched (2)."""
+        for p in self.plan:
+            self.gpu.launch_with(p.config, p.function, *p.args)
+        return len(self.plan)
+
+    def results(self) -> dict[str, np.ndarray]:
+        return {name: self.gpu.download(arr) for name, arr in self.outputs.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class LetterboxGeometry:
+    """Where an H x W image lands in the size x size canvas (docs/semantics.md, "Letterbox")."""
+
+    r: float
+    new_w: int
+    new_h: int
+    left: int
+    top: int
+    scale_x: float      # new_w / W in float32, as ONNX Resize derives it from output sizes
+    scale_y: float
+
+    def values(self) -> dict[str, Any]:
+        return {"r": np.float32(self.r), "new_w": self.new_w, "new_h": self.new_h, "left": self.left,
+                "top": self.top, "scale_x": np.float32(self.scale_x), "scale_y": np.float32(self.scale_y)}
+
+
+def letterbox_geometry(h: int, w: int, size: int) -> LetterboxGeometry:
+    """r = min(size / H, size / W) in float32; new sizes and padding rounded half to even."""
+    if h < 1 or w < 1:
+        raise RuntimeInputError(f"letterbox: image size must be positive, got {h}x{w}")
+    f32 = np.float32
+    r = min(f32(size) / f32(h), f32(size) / f32(w))
+    new_w, new_h = round(float(f32(w) * r)), round(float(f32(h) * r))
+    dw, dh = f32(size - new_w) / f32(2), f32(size - new_h) / f32(2)
+    left, top = round(float(dw - f32(0.1))), round(float(dh - f32(0.1)))
+    return LetterboxGeometry(float(r), new_w, new_h, left, top, float(f32(new_w) / f32(w)),
+                             float(f32(new_h) / f32(h)))
+
+
+class Letterbox:
+    """The letterbox kernel for one input size: raw_images [B, H, W, 3] uint8 -> images, ratio_pad."""
+
+    def __init__(self, gpu: Gpu, compiled: CompiledKernel, raw_images: DeviceArray, prefer: str = "auto"):
+        self.gpu, self.kernel = gpu, ContractKernel(gpu, compiled, prefer)
+        self.raw = raw_images
+        self.dims = self.kernel.bind({"raw_images": raw_images})
+        self.geometry = letterbox_geometry(self.dims["H"], self.dims["W"], int(compiled.params["size"]))
+        self.outputs = self.kernel.allocate_outputs(self.dims)
+
+    def launch(self) -> int:
+        return self.kernel.launch({"raw_images": self.raw, **self.outputs, **self.geometry.values()}, self.dims)
+
+    def results(self) -> dict[str, np.ndarray]:
+        return {name: self.gpu.download(arr) for name, arr in self.outputs.items()}
+
+
+def decode_input_names(facts: Mapping[str, Any]) -> dict[str, str]:
+    """yolov8_decode's inputs (box_0, cls_0, ...) -> the kernel site's tensor names, from the
+    preset's `head_inputs` fact (surgery orders site inputs level by level, box before class)."""
+    heads = facts.get("head_inputs")
+    if not heads:
+        raise KernelError("kernel site facts have no 'head_inputs': is this a yolov8_decode preset site?")
+    return {f"{h['role']}_{h['level']}": h["name"] for h in heads}

@@ -1,0 +1,383 @@
+"""A bundle's run plan, read from its manifest without a GPU.
+
+`Layout.from_bundle(bundle)` gives the pipeline's inputs (batch range, buckets), its outputs, and its
+steps: engine segments, and kernel steps (cut sites, added stages) whose tensors come from their
+contracts, so a kernel step reads what its kernels read (nms reads the decode's `cand_*`, not the
+`output0` its reference reads). `schedule()` groups the steps into device phases (kernels, and engines
+when they run on the GPU; one CUDA graph per bucket each) and host phases (an engine on the CPU),
+with the copies between them. `shapes()` propagates tensor shapes through the kernels' contracts,
+which is how the runtime sizes its buffers (at the max batch) and its per-bucket views.
+
+Everything here is plain Python over the manifest and the contract YAML: the CPU tests use it, and
+so does the runtime before it touches the GPU.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BundleError, KernelError, closest
+from ..jit.contracts import (
+    Contract,
+    TensorSig,
+    bind_dims,
+    concrete_shape,
+    load_contract,
+    signature,
+    workspace_bytes,
+)
+from .inputs import bucket_for, check_feeds, show_shape
+
+log = logging.getLogger("deepjit.runtime")
+
+Shape = tuple[Any, ...]         # ints, and str for symbolic dims
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """A named tensor of the plan: dtype and shape (str entries are symbolic dims)."""
+
+    name: str
+    dtype: str
+    shape: Shape
+
+
+@dataclass(frozen=True, slots=True)
+class InputInfo:
+    """A pipeline input: its shape, profile (min/opt/max) and the batch buckets graphs are captured for."""
+
+    name: str
+    dtype: str
+    shape: Shape
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+    buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelInfo:
+    """One compiled kernel of a step: its manifest entry, its contract, and the plan tensors it
+    reads and writes (`aliases` maps the contract's tensor names to the plan's)."""
+
+    step: str
+    index: int
+    entry: Mapping[str, Any]
+    contract: Contract
+    params: Mapping[str, Any]
+    sigs: tuple[TensorSig, ...]
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.step}/{self.contract.name}"
+
+    @property
+    def sm(self) -> int:
+        return sm_of(self.entry, self.name)
+
+    def plan_name(self, kernel_name: str) -> str:
+        return self.aliases.get(kernel_name, kernel_name)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return tuple(self.plan_name(s.name) for s in self.sigs if s.role == "input")
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        return tuple(self.plan_name(s.name) for s in self.sigs if s.role == "output")
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """A plan step: `segment` (an engine), `kernel` (a cut site) or `added` (a stage before/after)."""
+
+    name: str
+    kind: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    kernels: tuple[KernelInfo, ...] = ()
+    file: str | None = None
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Tensors this step needs from earlier steps (a kernel step's from its contracts)."""
+        if self.kind == "segment":
+            return tuple(t.name for t in self.inputs)
+        made: set[str] = set()
+        out: list[str] = []
+        for k in self.kernels:
+            out += [n for n in k.reads if n not in made and n not in out]
+            made.update(k.writes)
+        return tuple(out)
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        if self.kind == "segment":
+            return tuple(t.name for t in self.outputs)
+        return tuple(n for k in self.kernels for n in k.writes)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """Consecutive steps that run in one place. A device phase is captured as one CUDA graph per
+    bucket; `upload` lists the host tensors copied in before it. A host phase is an engine on the
+    CPU; `download` lists the device tensors copied out (and synchronized on) before it."""
+
+    where: str                              # "device" | "host"
+    steps: tuple[str, ...]
+    reads: tuple[str, ...]                  # tensors read from outside the phase
+    upload: tuple[str, ...] = ()
+    download: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    phases: tuple[Phase, ...]
+    final_download: tuple[str, ...]         # device tensors among the outputs, copied out at the end
+    device_tensors: tuple[str, ...]         # every tensor that needs a device buffer
+
+
+def sm_of(entry: Mapping[str, Any], where: str) -> int:
+    arch = str(entry.get("arch", ""))
+    if not arch.startswith("sm_") or not arch[3:].isdigit():
+        raise BundleError(f"kernel {where}: manifest arch {arch!r} is not sm_XX")
+    return int(arch[3:])
+
+
+def _tensors(items: Any, where: str) -> tuple[TensorInfo, ...]:
+    try:
+        return tuple(TensorInfo(t["name"], t["dtype"], tuple(t["shape"])) for t in items)
+    except (KeyError, TypeError) as e:
+        raise BundleError(f"manifest {where}: malformed tensor list ({e})") from None
+
+
+def _field(mapping: Mapping[str, Any], key: str, where: str) -> Any:
+    if not isinstance(mapping, Mapping) or key not in mapping:
+        raise BundleError(f"manifest: '{where}.{key}' is missing (a bundle from another DeepJIT version?)")
+    return mapping[key]
+
+
+def _aliases(kind: str, facts: Mapping[str, Any], sigs: Sequence[TensorSig]) -> dict[str, str]:
+    """Contract tensor names -> plan tensor names: yolov8_decode's box_i/cls_i are the site's head maps."""
+    if kind == "kernel" and facts.get("head_inputs") and any(s.name == "box_0" for s in sigs):
+        from .launch import decode_input_names
+
+        return decode_input_names(facts)
+    return {}
+
+
+def _kernel(step: str, index: int, entry: Mapping[str, Any], kind: str, facts: Mapping[str, Any],
+            root: Path | None) -> KernelInfo:
+    name = _field(entry, "contract", f"plan.steps[{step}].kernels[{index}]")
+    bundled = (entry.get("files") or {}).get("contract") if root is not None else None
+    try:
+        contract = load_contract(str(root / bundled) if bundled else name)
+    except KernelError as e:
+        copy = f"its copy '{bundled}' in the bundle is unusable" if bundled else "the bundle carries no copy of it"
+        raise BundleError(f"step '{step}': kernel contract '{name}' cannot be loaded ({e}); {copy}: rebuild it "
+                          "with this DeepJIT") from None
+    params = dict(_field(entry, "params", f"plan.steps[{step}].kernels[{index}]"))
+    sigs = signature(contract, params)
+    return KernelInfo(step, index, entry, contract, params, sigs, _aliases(kind, facts, sigs))
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a bundle runs, in order, and over which tensors."""
+
+    name: str
+    digest: str
+    target_sm: int | None
+    target_gpu: str | None
+    inputs: tuple[InputInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    steps: tuple[StepInfo, ...]
+    engine: Mapping[str, Any]
+
+    # -- reading ---------------------------------------------------------------------------------
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any], root: Path | None = None) -> Layout:
+        """`root`: the bundle folder, where each kernel's contract copy is (None: contracts by name)."""
+        plan = _field(manifest, "plan", "")
+        declared = manifest.get("inputs") or {}
+        inputs = []
+        for t in _tensors(_field(plan, "inputs", "plan"), "plan.inputs"):
+            d = declared.get(t.name) or {}
+            static = all(isinstance(x, int) for x in t.shape)
+            if not d and not static:
+                raise BundleError(f"manifest: input '{t.name}' has symbolic dims {list(t.shape)} but no "
+                                  "inputs.<name>.min/max profile")
+            lo, opt, hi = (tuple(d.get(k) or t.shape) for k in ("min", "opt", "max"))
+            buckets = tuple(sorted({int(b) for b in (d.get("buckets") or ()) if lo[0] <= int(b) <= hi[0]} | {hi[0]}))
+            inputs.append(InputInfo(t.name, t.dtype, t.shape, lo, opt, hi, buckets))
+        steps = []
+        for i, s in enumerate(_field(plan, "steps", "plan")):
+            kind, name = _field(s, "kind", f"plan.steps[{i}]"), _field(s, "name", f"plan.steps[{i}]")
+            if kind not in ("segment", "kernel", "added"):
+                raise BundleError(f"manifest: step '{name}' has kind {kind!r}; known: segment, kernel, added")
+            facts = s.get("facts") or s.get("params") or {}
+            kernels = tuple(_kernel(name, j, k, kind, facts, root) for j, k in enumerate(s.get("kernels") or ()))
+            if kind != "segment" and not kernels:
+                raise BundleError(f"manifest: step '{name}' ({kind}) has no compiled kernels")
+            steps.append(StepInfo(name, kind, _tensors(s.get("inputs", ()), f"step {name} inputs"),
+                                  _tensors(s.get("outputs", ()), f"step {name} outputs"), kernels, s.get("file")))
+        target = manifest.get("target") or {}
+        return cls(str(manifest.get("name", "")), str(manifest.get("digest", "")), target.get("sm"),
+                   target.get("gpu"), tuple(inputs), _tensors(_field(plan, "outputs", "plan"), "plan.outputs"),
+                   tuple(steps), manifest.get("engine") or {})
+
+    @classmethod
+    def from_bundle(cls, bundle) -> Layout:
+        return cls.from_manifest(bundle.manifest, bundle.root)
+
+    # -- batch -----------------------------------------------------------------------------------
+    @property
+    def max_batch(self) -> int:
+        return min(i.max[0] for i in self.inputs)
+
+    @property
+    def min_batch(self) -> int:
+        return max(i.min[0] for i in self.inputs)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The inputs' buckets (all inputs share the batch), always ending at the max batch."""
+        found = {i.buckets for i in self.inputs}
+        if len(found) > 1:
+            raise BundleError(f"manifest: inputs have different batch buckets {sorted(found)}; they share one batch")
+        return next(iter(found)) if found else (1,)
+
+    def bucket_for(self, batch: int) -> int:
+        return bucket_for(batch, self.buckets)
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def check_feeds(self, feeds: Mapping[str, Any]) -> int:
+        """The batch of `feeds`; RuntimeInputError naming the input and what is allowed otherwise."""
+        return check_feeds(self.inputs, feeds, max(1, self.min_batch), self.max_batch, self.buckets)
+
+    # -- steps and phases ------------------------------------------------------------------------
+    def step(self, name: str) -> StepInfo:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise BundleError(f"no step '{name}'{closest(name, [s.name for s in self.steps])}")
+
+    @property
+    def kernels(self) -> tuple[KernelInfo, ...]:
+        return tuple(k for s in self.steps for k in s.kernels)
+
+    def schedule(self, engines_on_device: bool) -> Schedule:
+        """Group the steps into phases and plan the copies between them; BundleError when a step
+        reads a tensor no earlier step (or input) makes, or two steps make the same tensor."""
+        groups: list[tuple[str, list[StepInfo]]] = []
+        for s in self.steps:
+            where = "device" if s.kind != "segment" or engines_on_device else "host"
+            if groups and groups[-1][0] == where == "device":
+                groups[-1][1].append(s)
+            else:
+                groups.append((where, [s]))
+        on_host = {i.name for i in self.inputs}
+        on_device: set[str] = set()
+        made = set(on_host)
+        phases, device = [], []
+        for where, steps in groups:
+            reads: list[str] = []
+            inside: set[str] = set()
+            for s in steps:
+                for n in s.reads:
+                    if n not in made:
+                        raise BundleError(f"step '{s.name}' reads '{n}', which no input or earlier step makes"
+                                          f"{closest(n, made)}")
+                    if n not in inside and n not in reads:
+                        reads.append(n)
+                for n in s.writes:
+                    if n in made:
+                        raise BundleError(f"step '{s.name}' makes '{n}', which an input or earlier step made already")
+                    made.add(n)
+                    inside.add(n)
+            if where == "device":
+                upload = tuple(n for n in reads if n not in on_device)
+                on_device |= set(upload) | inside
+                device += [*upload, *(n for s in steps for n in s.writes)]
+                phases.append(Phase("device", tuple(s.name for s in steps), tuple(reads), upload=upload))
+            else:
+                download = tuple(n for n in reads if n not in on_host)
+                on_host |= set(download) | inside
+                phases.append(Phase("host", tuple(s.name for s in steps), tuple(reads), download=download))
+        for o in self.outputs:
+            if o.name not in made:
+                raise BundleError(f"pipeline output '{o.name}' is made by no step{closest(o.name, made)}")
+        final = tuple(o.name for o in self.outputs if o.name not in on_host)
+        return Schedule(tuple(phases), final, tuple(dict.fromkeys(device)))
+
+    # -- shapes ----------------------------------------------------------------------------------
+    def symbols(self) -> dict[str, tuple[str, int]]:
+        """Symbolic input dims -> (input, axis), e.g. 'batch' -> ('images', 0)."""
+        out: dict[str, tuple[str, int]] = {}
+        for inp in self.inputs:
+            for axis, d in enumerate(inp.shape):
+                if isinstance(d, str):
+                    out.setdefault(d, (inp.name, axis))
+        return out
+
+    def engine_output_shape(self, t: TensorInfo, batch: int,
+                            input_shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...] | None:
+        """An engine output's shape at `batch`, with symbolic dims taken from the inputs' actual
+        shapes (same symbol); None when a dim is not an input's (then the runtime asks the engine)."""
+        syms = self.symbols()
+        out = []
+        for axis, d in enumerate(t.shape):
+            if axis == 0:
+                out.append(batch)           # every plan tensor is batch-major
+            elif isinstance(d, int):
+                out.append(d)
+            elif d in syms and syms[d][0] in input_shapes:
+                name, a = syms[d]
+                out.append(int(input_shapes[name][a]))
+            else:
+                return None
+        return tuple(out)
+
+    def shapes(self, steps: Sequence[StepInfo], known: Mapping[str, tuple[int, ...]], batch: int,
+               engine_shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
+        """Concrete shapes of every tensor `steps` make, given the shapes of what they read
+        (`known`); kernel outputs through their contracts (bind_dims + concrete_shape), engine
+        outputs from the manifest or `engine_shapes`."""
+        shapes = dict(known)
+        for s in steps:
+            if s.kind == "segment":
+                for t in s.outputs:
+                    shape = (engine_shapes or {}).get(t.name) or self.engine_output_shape(t, batch, shapes)
+                    if shape is None:
+                        raise BundleError(f"segment '{s.name}': the shape of output '{t.name}' {show_shape(t.shape)} "
+                                          "depends on dims the inputs do not name; the runtime must ask the engine")
+                    shapes[t.name] = tuple(shape)
+                continue
+            for k in s.kernels:
+                dims = kernel_dims(k, shapes)
+                for sig in k.sigs:
+                    if sig.role == "output":
+                        shapes[k.plan_name(sig.name)] = concrete_shape(sig, k.params, dims, f"kernel {k.name}: "
+                                                                                             f"output '{sig.name}'")
+        return shapes
+
+
+def kernel_dims(k: KernelInfo, shapes: Mapping[str, tuple[int, ...]]) -> Mapping[str, int]:
+    """The contract's symbolic dims from the shapes of the plan tensors the kernel reads."""
+    ins = {s.name: shapes[k.plan_name(s.name)] for s in k.sigs if s.role == "input"}
+    return bind_dims(k.contract, k.params, ins)
+
+
+def kernel_workspace(k: KernelInfo, dims: Mapping[str, int]) -> int:
+    return workspace_bytes(k.contract, k.params, dims)
+
+
+def nbytes(shape: Sequence[int], dtype) -> int:
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize

@@ -1,0 +1,39 @@
+"""Which runner runs a bundle's engine segment: TensorRT on the GPU when the bundle has a plan and
+TensorRT imports (its enqueue goes into the CUDA graph), else ONNX Runtime on the segment's ONNX,
+on host arrays between device phases (on its CUDA provider when onnxruntime-gpu is installed, still
+host arrays in and out)."""
+from __future__ import annotations
+
+import logging
+
+from ..bundle.folder import Bundle
+from ..errors import MissingDependency
+from .layout import Layout, StepInfo
+
+log = logging.getLogger("deepjit.runtime")
+
+
+def engine_files(layout: Layout, step: StepInfo) -> list[str]:
+    listed = (layout.engine.get("segments") or {}).get(step.name) or []
+    plans = (layout.engine.get("plans") or {}).get(step.name) or []
+    files = [*(listed if isinstance(listed, list) else [listed]), *(plans if isinstance(plans, list) else [plans])]
+    return list(dict.fromkeys([*files, *([step.file] if step.file else [])]))
+
+
+def engine_runner(bundle: Bundle, layout: Layout, step: StepInfo):
+    """(runner, on the GPU?) for a segment step; the runner is not activated yet."""
+    from ..engines import EngineArtifact, runner_for, tensorrt_importable
+
+    files = engine_files(layout, step)
+    plans = [f for f in files if f.endswith(".plan")]
+    onnx_files = [f for f in files if f.endswith(".onnx")]
+    if plans and tensorrt_importable():
+        artifact = EngineArtifact("tensorrt", step.name, {plans[0]: bundle.file(plans[0]).read_bytes()})
+        return runner_for(artifact, name=f"trt:{step.name}"), True
+    if not onnx_files:
+        raise MissingDependency(f"segment '{step.name}' is a TensorRT plan ({', '.join(plans) or 'none listed'}) "
+                                "and TensorRT is not importable here: install deepjit[tensorrt]")
+    if plans:
+        log.warning("segment %s: TensorRT is not importable; running its ONNX on ONNX Runtime", step.name)
+    artifact = EngineArtifact("onnxruntime", step.name, {onnx_files[0]: bundle.file(onnx_files[0]).read_bytes()})
+    return runner_for(artifact, name=f"ort:{step.name}"), False

@@ -1,0 +1,306 @@
+"""The spec language: pydantic models for a pipeline YAML (extra keys forbidden, frozen).
+
+Relative paths resolve against the spec file's folder (the `base` of the validation context)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from .targets import sm_for_gpu
+
+LEVELS = ("graph", "precision", "kernels", "end_to_end", "engine")
+DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")
+
+
+def _resolve(value: Path, info: ValidationInfo) -> Path:
+    base = (info.context or {}).get("base")
+    return value if value.is_absolute() or base is None else (Path(base) / value).resolve()
+
+
+SpecPath = Annotated[Path, AfterValidator(_resolve)]
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
+_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def _bytes(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"expected a size such as 2GiB, 512MiB or a number of bytes, got {value!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSource(_Model):
+    """The ONNX model; synthesized when the file is missing and `synthesize` is set."""
+
+    path: SpecPath
+    synthesize: Literal["yolov8n", "yolov8s"] | None = None
+    seed: int = 0
+    head_layout: Literal["split", "separate"] = "separate"
+    dynamic: bool = False
+
+
+class Target(_Model):
+    """The GPU the bundle is for: a name (T4, A10, L4, H100, ...) and/or its SM."""
+
+    gpu: str | None = None
+    sm: int | None = Field(None, ge=75, description="compute capability as an integer, e.g. 75; NVRTC 13 needs >= 75")
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, name: str | None) -> str | None:
+        if name is not None:
+            sm_for_gpu(name)
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Target":
+        if self.gpu is None and self.sm is None:
+            raise ValueError("give `gpu` (e.g. T4), `sm` (e.g. 75) or both")
+        if self.gpu is not None:
+            known = sm_for_gpu(self.gpu)
+            if self.sm is not None and self.sm != known:
+                raise ValueError(f"gpu {self.gpu} is sm_{known}, but sm is {self.sm}")
+        return self
+
+    @property
+    def resolved_sm(self) -> int:
+        return self.sm if self.sm is not None else sm_for_gpu(self.gpu)
+
+
+class Profile(_Model):
+    """An optimization profile: the min/opt/max shapes an engine must accept."""
+
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+
+class InputSpec(_Model):
+    shape: list[Union[int, str]] = Field(description="dims; strings are symbolic (e.g. batch)")
+    dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
+    profile: Profile | None = None
+    buckets: list[int] | None = Field(None, description="batch sizes to capture CUDA graphs for")
+
+    @model_validator(mode="after")
+    def _check_profile(self) -> "InputSpec":
+        symbolic = [d for d in self.shape if isinstance(d, str)]
+        if self.profile is None:
+            if symbolic:
+                raise ValueError(f"shape has symbolic dims {symbolic}: give profile min/opt/max")
+            return self
+        p, rank = self.profile, len(self.shape)
+        for key in ("min", "opt", "max"):
+            if len(getattr(p, key)) != rank:
+                raise ValueError(f"profile.{key} has {len(getattr(p, key))} dims, shape has {rank}")
+        for i, dim in enumerate(self.shape):
+            lo, mid, hi = p.min[i], p.opt[i], p.max[i]
+            if not (1 <= lo <= mid <= hi):
+                raise ValueError(f"profile dim {i}: need 1 <= min <= opt <= max, got {lo}, {mid}, {hi}")
+            if isinstance(dim, int) and not (lo == mid == hi == dim):
+                raise ValueError(f"profile dim {i}: shape fixes it to {dim}, profile gives {lo}/{mid}/{hi}")
+        if self.buckets is not None:
+            bad = [b for b in self.buckets if not p.min[0] <= b <= p.max[0]]
+            if bad:
+                raise ValueError(f"buckets {bad} lie outside the profile's batch range {p.min[0]}..{p.max[0]}")
+        return self
+
+    @property
+    def min_shape(self) -> tuple[int, ...]:
+        return tuple(self.profile.min) if self.profile else tuple(self.shape)  # type: ignore[arg-type]
+
+    @property
+    def opt_shape(self) -> tuple[int, ...]:
+        return tuple(self.profile.opt) if self.profile else tuple(self.shape)  # type: ignore[arg-type]
+
+    @property
+    def max_shape(self) -> tuple[int, ...]:
+        return tuple(self.profile.max) if self.profile else tuple(self.shape)  # type: ignore[arg-type]
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """Explicit buckets, else 1, 2, 4, 8 within the profile's batch range (plus its max)."""
+        if self.buckets is not None:
+            return tuple(sorted(set(self.buckets)))
+        lo, hi = self.min_shape[0], self.max_shape[0]
+        return tuple(sorted({b for b in (1, 2, 4, 8) if lo <= b <= hi} | {hi}))
+
+
+class Calibration(_Model):
+    """int8 calibration: a folder of .npy files (one per sample and input) or seeded random data."""
+
+    data: Union[SpecPath, Literal["random"]]
+    cache: SpecPath
+    samples: int = Field(16, ge=1)
+
+
+class Engine(_Model):
+    backend: Literal["auto", "tensorrt", "onnxruntime"] = "auto"
+    precision: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    keep_fp32: list[str] | None = Field(None, description="op types or node names kept in fp32; default: DFL Softmax and friends")
+    workspace: int = Field(2**30, gt=0, description="TensorRT workspace pool, e.g. 2GiB")
+    timing_cache: SpecPath | None = None
+    optimization_level: int = Field(3, ge=0, le=5)
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
+    calibration: Calibration | None = None
+
+    @field_validator("workspace", mode="before")
+    @classmethod
+    def _parse_workspace(cls, value: Any) -> int:
+        return _bytes(value)
+
+    @model_validator(mode="after")
+    def _int8_needs_calibration(self) -> "Engine":
+        if self.precision == "int8" and self.calibration is None:
+            raise ValueError("precision int8 needs `calibration` (data: folder or random, cache: path)")
+        return self
+
+
+class KernelRef(_Model):
+    """A replacement kernel: a contract in kernels/ (by name) or a path to a user's contract YAML."""
+
+    contract: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Cut(_Model):
+    """A region cut out of the model (by tensor names or a preset), or a stage added before/after it."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    preset: Literal["yolov8_decode"] | None = None
+    inputs: list[str] | None = None
+    outputs: list[str] | None = None
+    add: Literal["before", "after"] | None = None
+    at: str | None = None
+    kernels: list[KernelRef] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_boundary(self) -> "Cut":
+        forms = {"preset": self.preset is not None,
+                 "inputs/outputs": self.inputs is not None or self.outputs is not None,
+                 "add/at": self.add is not None or self.at is not None}
+        given = [k for k, v in forms.items() if v]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one boundary: preset, inputs+outputs, or add+at; got {given or 'none'}")
+        if given == ["inputs/outputs"] and not (self.inputs and self.outputs):
+            raise ValueError("a cut by tensor names needs both `inputs` and `outputs`")
+        if given == ["add/at"] and not (self.add and self.at):
+            raise ValueError("an added stage needs both `add` (before|after) and `at` (a model tensor)")
+        return self
+
+
+class Compile(_Model):
+    """NVRTC options for the replacement kernels."""
+
+    options: list[str] = Field(default_factory=list)
+    fast_math: bool = False
+    debug: bool = False
+    cache_dir: SpecPath | None = None
+
+
+class Tolerance(_Model):
+    atol: float = Field(1e-5, ge=0)
+    rtol: float = Field(1e-5, ge=0)
+    check_error_stat: Literal["max", "mean", "median", "elemwise"] = "elemwise"
+
+
+class RandomData(_Model):
+    ranges: dict[str, tuple[float, float]] = Field(default_factory=dict, description="per input [low, high]")
+
+
+class Data(_Model):
+    random: RandomData | None = None
+    folder: SpecPath | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Data":
+        if (self.random is None) == (self.folder is None):
+            raise ValueError("give exactly one of `random` or `folder`")
+        return self
+
+
+class DetectionTolerance(_Model):
+    """NMS outputs are compared as sets: a reference detection matches one of the same class."""
+
+    min_iou: float = Field(0.99, gt=0, le=1)
+    score_atol: float = Field(1e-3, ge=0)
+    count_tolerance: int = Field(0, ge=0, description="detections per image that may be missing or extra")
+    unmatched_fraction: float = Field(0.0, ge=0, le=1, description="or this fraction of them, when larger")
+
+
+class Tolerances(_Model):
+    default: Tolerance = Tolerance()
+    outputs: dict[str, Tolerance] = Field(default_factory=dict)
+    detections: DetectionTolerance = DetectionTolerance()
+
+
+class Validation(_Model):
+    reference: Literal["onnxruntime"] = "onnxruntime"
+    samples: int = Field(2, ge=1)
+    seed: int = 0
+    batch: int = Field(2, ge=1, description="batch size of the random samples (clamped to the profile)")
+    data: Data = Data(random=RandomData())
+    tolerances: Tolerances = Field(Tolerances(), description="kernels, end_to_end and engine levels")
+    precision_tolerances: Tolerances = Field(
+        Tolerances(default=Tolerance(atol=0.05, rtol=0.05, check_error_stat="median"),
+                   detections=DetectionTolerance(min_iou=0.9, score_atol=0.05, count_tolerance=2,
+                                              unmatched_fraction=0.05)),
+        description="the precision level: the rewritten engine segments against fp32")
+    gate: bool = True
+
+
+class BundleOut(_Model):
+    path: SpecPath = Path("build")
+
+
+class Publish(_Model):
+    store: str = Field(pattern=r"^(file|oci)://.+", description="file://PATH or oci://HOST[:PORT]/REPO")
+    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+    require: list[Literal[LEVELS]] = Field(default_factory=lambda: ["graph", "precision"])  # type: ignore[valid-type]
+
+    @field_validator("store")
+    @classmethod
+    def _resolve_file_store(cls, url: str, info: ValidationInfo) -> str:
+        """file:// paths are relative to the spec's folder, like every other path in it."""
+        if url.startswith("file://"):
+            return "file://" + str(_resolve(Path(url[len("file://"):]), info))
+        return url
+
+
+class Spec(_Model):
+    """A DeepJIT pipeline."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+    model: ModelSource
+    target: Target
+    inputs: dict[str, InputSpec] = Field(min_length=1)
+    engine: Engine = Engine()
+    compile: Compile = Compile()
+    cuts: list[Cut] = Field(default_factory=list)
+    validation: Validation = Validation()
+    bundle: BundleOut = BundleOut()
+    publish: Publish | None = None
+
+    @model_validator(mode="after")
+    def _unique_cut_names(self) -> "Spec":
+        names = [c.name for c in self.cuts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"cut names must be unique, repeated: {dupes}")
+        return self

@@ -1,0 +1,188 @@
+"""The accuracy gate: Polygraphy's Comparator between a reference and a candidate, per level.
+
+Levels: `graph` (reassembly, CPU), `precision` (precision-rewritten segments vs fp32, CPU), `kernels`
+(each kernel vs its reference, GPU), `end_to_end` (whole pipeline vs reference, GPU), `engine`
+(TensorRT plans vs ONNX Runtime, on the target). Written against Polygraphy 0.53, whose
+`compare_accuracy` returns an `AccuracyResults` list (one `AccuracyResult` per compare function).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+from polygraphy.comparator import Comparator, RunResults
+from polygraphy.comparator.compare import SimpleCompareFunc
+from polygraphy.logger import G_LOGGER
+
+from ..files import atomic_write
+from ..spec.models import LEVELS
+from .detections import NMS_OUTPUTS, match_detections
+
+log = logging.getLogger("deepjit.gate")
+G_LOGGER.module_severity = G_LOGGER.ERROR  # Polygraphy's per-output chatter goes to our summary instead
+
+
+@dataclass(frozen=True, slots=True)
+class OutputResult:
+    name: str
+    passed: bool
+    max_abs: float = 0.0
+    median_abs: float = 0.0
+    max_rel: float = 0.0
+    median_rel: float = 0.0
+    detail: str = ""
+
+    def describe(self) -> str:
+        if self.detail:
+            return f"{self.name}: {self.detail}"
+        return (f"{self.name}: max abs {self.max_abs:.3e} (median {self.median_abs:.3e}), "
+                f"max rel {self.max_rel:.3e} (median {self.median_rel:.3e})")
+
+
+@dataclass(frozen=True, slots=True)
+class LevelResult:
+    level: str
+    status: str  # passed | failed | not_run
+    reason: str = ""
+    outputs: tuple[OutputResult, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"status": self.status, "reason": self.reason}
+        if self.outputs:
+            d["outputs"] = {o.name: {k: getattr(o, k) for k in OutputResult.__slots__ if k != "name"}
+                            for o in self.outputs}
+        return d
+
+
+def not_run(level: str, reason: str) -> LevelResult:
+    return LevelResult(level, "not_run", reason)
+
+
+def from_outputs(level: str, outputs: Iterable[OutputResult], reason: str = "") -> LevelResult:
+    outputs = tuple(outputs)
+    status = "passed" if all(o.passed for o in outputs) else "failed"
+    return LevelResult(level, status, reason, outputs)
+
+
+@dataclass(frozen=True)
+class GateReport:
+    levels: Mapping[str, LevelResult] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.status != "failed" for r in self.levels.values())
+
+    def failures(self) -> list[str]:
+        return [f"{lvl}: {o.describe()}" for lvl, r in self.levels.items() if r.status == "failed"
+                for o in r.outputs if not o.passed] + \
+               [f"{lvl}: {r.reason}" for lvl, r in self.levels.items() if r.status == "failed" and not r.outputs]
+
+    def to_record(self) -> dict[str, Any]:
+        """The validation record stored in the bundle's manifest (levels in canonical order)."""
+        return {"levels": {lvl: self.levels[lvl].to_dict() if lvl in self.levels
+                           else not_run(lvl, "not attempted").to_dict() for lvl in LEVELS}}
+
+    def with_levels(self, *results: LevelResult) -> "GateReport":
+        merged = dict(self.levels)
+        merged.update({r.level: r for r in results})
+        return GateReport(merged)
+
+
+class FunctionRunner(BaseRunner):
+    """A Polygraphy runner around a Python callable `feeds -> outputs` (the compiled pipeline, a kernel)."""
+
+    def __init__(self, fn: Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]], name: str,
+                 input_metadata=None):
+        super().__init__(name=name)
+        self._fn, self._meta = fn, input_metadata
+
+    def get_input_metadata_impl(self):
+        return self._meta if self._meta is not None else TensorMetadata()
+
+    def infer_impl(self, feed_dict):
+        start = time.perf_counter()
+        outputs = OrderedDict((k, np.asarray(v)) for k, v in self._fn(feed_dict).items())
+        self.inference_time = time.perf_counter() - start
+        return outputs
+
+
+def metadata_from(feed: Mapping[str, np.ndarray]) -> TensorMetadata:
+    """Polygraphy input metadata describing an example feed (Comparator feeds only listed inputs)."""
+    meta = TensorMetadata()
+    for name, value in feed.items():
+        meta.add(name, value.dtype, value.shape)
+    return meta
+
+
+def _tolerance_maps(tolerances, names: Iterable[str]):
+    atol, rtol, stat = {"": tolerances.default.atol}, {"": tolerances.default.rtol}, {"": tolerances.default.check_error_stat}
+    for name in names:
+        t = tolerances.outputs.get(name)
+        if t is not None:
+            atol[name], rtol[name], stat[name] = t.atol, t.rtol, t.check_error_stat
+    return atol, rtol, stat
+
+
+def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds: list[dict[str, np.ndarray]],
+                 tolerances, *, report_dir: Path | None = None, report_name: str | None = None,
+                 detection_params: Mapping[str, float] | None = None) -> LevelResult:
+    """Run both runners on `feeds` with Polygraphy's Comparator and judge every output.
+
+    Detection outputs (num_dets, boxes, scores, classes) are matched as sets; the rest go through
+    `SimpleCompareFunc` with the spec's atol/rtol/check_error_stat (default + per output). With
+    `report_dir`, Polygraphy's RunResults are saved there as `<report_name or level>.runresults.json`.
+    """
+    for runner in (reference, candidate):
+        if isinstance(runner, FunctionRunner) and runner._meta is None:
+            runner._meta = metadata_from(feeds[0])
+    run_results = Comparator.run([reference, candidate], data_loader=feeds, use_subprocess=False)
+    if report_dir is not None:
+        atomic_write(report_dir / f"{report_name or level}.runresults.json", run_results.to_json().encode())
+    ref_iters, test_iters = run_results[reference.name], run_results[candidate.name]
+    names = [n for n in ref_iters[0].keys() if n in test_iters[0]]
+    missing = [n for n in ref_iters[0].keys() if n not in test_iters[0]]
+    outputs = [OutputResult(n, False, detail="missing from the candidate's outputs") for n in missing]
+    dense = [n for n in names if n not in NMS_OUTPUTS]
+    if dense:
+        outputs += _compare_dense(run_results, reference.name, candidate.name, dense, tolerances)
+    if all(n in names for n in NMS_OUTPUTS):
+        outputs.append(_compare_detections(ref_iters, test_iters, detection_params or {}))
+    return from_outputs(level, outputs)
+
+
+def _compare_dense(run_results: RunResults, ref_name: str, test_name: str, names: list[str], tolerances):
+    only = RunResults()
+    for runner in (ref_name, test_name):
+        iters = []
+        for it in run_results[runner]:
+            sub = type(it)(OrderedDict((n, it[n]) for n in names), runner_name=runner)
+            iters.append(sub)
+        only.append((runner, iters))
+    atol, rtol, stat = _tolerance_maps(tolerances, names)
+    results = Comparator.compare_accuracy(only, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol,
+                                                                               check_error_stat=stat))
+    per_iter = results[0][(ref_name, test_name)]
+    out = []
+    for name in names:
+        stats = [it[name] for it in per_iter]
+        out.append(OutputResult(name, all(bool(s) for s in stats),
+                                max(float(s.max_absdiff) for s in stats), float(np.median([s.median_absdiff for s in stats])),
+                                max(float(s.max_reldiff) for s in stats), float(np.median([s.median_reldiff for s in stats]))))
+    return out
+
+
+def _compare_detections(ref_iters, test_iters, params: Mapping[str, float]) -> OutputResult:
+    matches = [match_detections({k: r[k] for k in NMS_OUTPUTS}, {k: t[k] for k in NMS_OUTPUTS}, **params)
+               for r, t in zip(ref_iters, test_iters)]
+    passed = all(m.passed for m in matches)
+    worst = min(matches, key=lambda m: (m.passed, m.matched - m.ref_count))
+    return OutputResult("detections", passed, max_abs=max(m.max_score_diff for m in matches),
+                        detail=f"{'passed' if passed else 'failed'}: {worst.describe()}")

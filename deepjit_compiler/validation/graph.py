@@ -1,0 +1,197 @@
+"""The reassembly check: the graph level of the accuracy gate, run on every build, on the CPU.
+
+ONNX Runtime over the plan's steps wired in order (segments, cut references, added-stage references)
+must equal ONNX Runtime over the original model with the same added-stage references around it:
+bit for bit, on seeded random inputs. Both sides run with graph optimizations disabled, so that no
+fusion reorders float math on one side only. The original side also exports every step boundary
+tensor, so a failure names the first step whose outputs differ.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..graph.ort import ort_session, random_array
+from ..graph.tensors import TensorSig
+from ..surgery.plan import AddedStage, Plan
+from .data import symbolic_dims
+from .gate import LevelResult, OutputResult, from_outputs
+
+log = logging.getLogger("deepjit.reassembly")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCheck:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]  # of the last sample
+    max_abs_diff: float
+    bit_identical: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.bit_identical
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+                "max_abs_diff": self.max_abs_diff, "bit_identical": self.bit_identical, "passed": self.passed}
+
+
+@dataclass(frozen=True, slots=True)
+class ReassemblyReport:
+    outputs: tuple[OutputCheck, ...]
+    seed: int
+    samples: int
+    first_mismatch: str | None = None  # "step 'decode' output 'x'" where the pieces first disagree
+    error: str | None = None           # the plan could not be run at all (a wiring error)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "seed": self.seed, "samples": self.samples,
+                "first_mismatch": self.first_mismatch, "error": self.error, "seconds": round(self.seconds, 3),
+                "outputs": [o.to_dict() for o in self.outputs]}
+
+    def describe(self) -> str:
+        if self.passed:
+            return f"reassembly check passed: {len(self.outputs)} outputs bit-identical over {self.samples} samples"
+        if self.error:
+            return f"reassembly check failed: {self.error}"
+        bad = [f"'{o.name}' (max abs diff {o.max_abs_diff:g})" for o in self.outputs if not o.passed]
+        where = f"; first difference at {self.first_mismatch}" if self.first_mismatch else ""
+        return f"reassembly check failed: {', '.join(bad)} differ from the original model{where}"
+
+
+def _with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names if n not in have)
+    return m
+
+
+class _Runner:
+    """One ONNX Runtime session per ONNX model; runs it on whatever inputs `env` holds."""
+
+    def __init__(self, model: onnx.ModelProto, name: str):
+        self.name = name
+        self.sess = ort_session(model)
+        self.inputs = [i.name for i in self.sess.get_inputs()]
+        self.outputs = [o.name for o in self.sess.get_outputs()]
+
+    def run(self, env: dict[str, np.ndarray]) -> None:
+        missing = [n for n in self.inputs if n not in env]
+        if missing:
+            raise _WiringError(f"step '{self.name}' reads '{missing[0]}', which no earlier step produces")
+        try:
+            outs = self.sess.run(self.outputs, {n: env[n] for n in self.inputs})
+        except Exception as e:  # ORT raises its own types for shape/type mismatches
+            raise _WiringError(f"step '{self.name}' failed in ONNX Runtime: {e}") from None
+        env.update(zip(self.outputs, outs))
+
+
+class _WiringError(Exception):
+    pass
+
+
+def _feed(sigs: tuple[TensorSig, ...], rng: np.random.Generator, batch: int,
+          ranges: Mapping[str, tuple[float, float]], dims: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """Random inputs. Symbolic dims: the first axis is `batch`, names in `dims` take that value, any
+    other name a random multiple of 32 in [160, 480] (valid for strided CNNs), shared by name."""
+    sizes = dict(dims)
+    feed = {}
+    for s in sigs:
+        shape = []
+        for axis, d in enumerate(s.shape):
+            if isinstance(d, int):
+                shape.append(d)
+            elif d in sizes:
+                shape.append(sizes[d])
+            else:
+                shape.append(sizes.setdefault(d, batch if axis == 0 else int(rng.integers(5, 16)) * 32))
+        lo, hi = ranges.get(s.name, (None, None))
+        feed[s.name] = random_array(rng, s.dtype, shape, lo, hi)
+    return feed
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> tuple[bool, float]:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False, float("inf")
+    if a.dtype.kind == "f":
+        identical = a.tobytes() == b.tobytes() or bool(np.array_equal(a, b, equal_nan=True))
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        return identical, float(np.nanmax(diff)) if diff.size else 0.0
+    identical = bool(np.array_equal(a, b))
+    return identical, float(np.max(np.abs(a.astype(np.int64) - b.astype(np.int64)))) if a.size else 0.0
+
+
+def check_reassembly(plan: Plan, original: onnx.ModelProto, *, seed: int, samples: int,
+                     input_ranges: Mapping[str, tuple[float, float]] | None = None, batch: int = 1,
+                     dims: Mapping[str, int] | None = None) -> ReassemblyReport:
+    """Run the plan's pieces and the original model (both wrapped in the added stages) on `samples`
+    seeded random inputs and compare every pipeline output bit for bit."""
+    t0 = time.perf_counter()
+    boundary = [t.name for s in plan.steps if not isinstance(s, AddedStage) for t in s.outputs]
+    before = [_Runner(s.reference, s.name) for s in plan.added if s.position == "before"]
+    after = [_Runner(s.reference, s.name) for s in plan.added if s.position == "after"]
+    whole = _Runner(_with_outputs(original, boundary), "original model")
+    pieces = [_Runner(s.onnx, s.name) for s in plan.steps]
+    rng = np.random.default_rng(seed)
+    worst: dict[str, tuple[bool, float, np.ndarray]] = {}
+    first = None
+    for _ in range(samples):
+        feed = _feed(plan.inputs, rng, batch, input_ranges or {}, dims or {})
+        ref = dict(feed)
+        for r in (*before, whole, *after):
+            r.run(ref)
+        got = dict(feed)
+        try:
+            for r in pieces:
+                r.run(got)
+                first = first or _first_mismatch(r, ref, got)
+            missing = [t.name for t in plan.outputs if t.name not in got]
+            if missing:
+                raise _WiringError(f"pipeline output '{missing[0]}' is produced by no step")
+        except _WiringError as e:
+            return ReassemblyReport((), seed, samples, first, str(e), time.perf_counter() - t0)
+        for t in plan.outputs:
+            same, diff = _same(got[t.name], ref[t.name])
+            prev = worst.get(t.name)
+            worst[t.name] = (same and (prev is None or prev[0]), max(diff, prev[1] if prev else 0.0), got[t.name])
+    checks = tuple(OutputCheck(n, str(a.dtype), tuple(a.shape), d, s) for n, (s, d, a) in worst.items())
+    report = ReassemblyReport(checks, seed, samples, first, None, time.perf_counter() - t0)
+    (log.info if report.passed else log.warning)("%s (%.2f s)", report.describe(), report.seconds)
+    return report
+
+
+def _first_mismatch(r: _Runner, ref: dict, got: dict) -> str | None:
+    for n in r.outputs:
+        if n in ref and not _same(got[n], ref[n])[0]:
+            return f"step '{r.name}' output '{n}'"
+    return None
+
+
+def graph_level(spec, plan, model: onnx.ModelProto) -> LevelResult:
+    """Reassembly: segments + references wired in order equal the original, bit for bit (fp32)."""
+    from .graph import check_reassembly
+
+    v = spec.validation
+    rep = check_reassembly(plan, model, seed=v.seed, samples=v.samples,
+                           input_ranges=v.data.random.ranges if v.data.random else None,
+                           batch=v.batch, dims=symbolic_dims(spec))
+    if rep.error:
+        return LevelResult("graph", "failed", rep.error)
+    outputs = [OutputResult(o.name, o.passed, max_abs=o.max_abs_diff,
+                            detail="bit-identical" if o.passed else f"differs by up to {o.max_abs_diff:g}")
+               for o in rep.outputs]
+    return from_outputs("graph", outputs, rep.describe())

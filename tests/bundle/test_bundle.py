@@ -1,0 +1,351 @@
+"""Bundle manifest, digests, reproducibility, verification and atomic writes (deepjit_compiler/bundle.py)."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import random
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import deepjit_compiler.bundle.folder as bundle_mod
+from deepjit_compiler.bundle.archive import pack
+from deepjit_compiler.bundle.folder import Bundle, describe, read_bundle, unpack_bundle, update_bundle, write_bundle
+from deepjit_compiler.errors import BundleError
+
+
+def _tiny_onnx(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="/model.22/MatMul")], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _sample(seed: int) -> tuple[dict[str, bytes], dict]:
+    rng = random.Random(seed)
+    model = _tiny_onnx(seed)
+    spec_text = f"name: tiny\nmodel: tiny.onnx\n# seed {rng.random()}\n"
+    record = {"levels": {
+        "graph": {"status": "passed", "reason": "", "max_abs_err": rng.random() * 1e-6},
+        "precision": {"status": "passed", "reason": ""},
+        "kernels": {"status": "failed", "reason": "decode: max abs err 0.3 > 1e-3"},
+        "end_to_end": {"status": "passed", "reason": ""},
+        "engine": {"status": "not_run", "reason": "TensorRT is not installed"},
+    }}
+    files = {
+        "segments/backbone.onnx": model,
+        "references/decode.onnx": _tiny_onnx(seed + 1),
+        "kernels/decode/yolov8_decode.cu": b"extern \"C\" __global__ void decode() {}\n" + rng.randbytes(64),
+        "kernels/decode/yolov8_decode.sm_75.cubin": rng.randbytes(5000),
+        "kernels/decode/yolov8_decode.sm_75.ptx": rng.randbytes(700),
+        "validation/record.json": json.dumps(record, sort_keys=True).encode(),
+    }
+    manifest = {
+        "name": "tiny",
+        "spec": {"text": spec_text, "sha256": hashlib.sha256(spec_text.encode()).hexdigest()},
+        "model": {"sha256": hashlib.sha256(model).hexdigest(), "file": "tiny.onnx"},
+        "toolchain": {"deepjit": "0.1.0", "onnx": onnx.__version__, "nvrtc": [12, 8]},
+        "target": {"gpu": "Tesla T4", "sm": 75},
+        "kernels": [{"name": "decode", "source": "kernels/decode/yolov8_decode.cu",
+                     "cubin": "kernels/decode/yolov8_decode.sm_75.cubin", "params": {"block": 256},
+                     "mangled_names": ["decode"], "cut_inputs": ["/model.22/Concat_output_0"]}],
+        "engines": [{"name": "backbone", "kind": "onnxruntime", "segment": "segments/backbone.onnx"}],
+        "validation": record,
+    }
+    return files, manifest
+
+
+def _canonical_digest(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name or ".old-" in p.name)
+
+
+@pytest.fixture
+def sample():
+    return _sample(1)
+
+
+def test_manifest_lists_every_file_and_the_digest_covers_it(tmp_path, sample):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest)
+    written = json.loads((tmp_path / "b" / "manifest.json").read_bytes())
+    assert written["files"] == {rel: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+                                for rel, data in files.items()}
+    assert written["schema_version"] == 1
+    assert written["digest"] == info.digest == _canonical_digest(written)
+    on_disk = {p.relative_to(tmp_path / "b").as_posix() for p in (tmp_path / "b").rglob("*") if p.is_file()}
+    assert on_disk == set(files) | {"manifest.json"}
+    for field in ("name", "spec", "model", "toolchain", "target", "kernels", "engines", "validation"):
+        assert written[field] == manifest[field]
+
+
+def test_manifest_json_is_canonical_text(tmp_path, sample):
+    write_bundle(tmp_path / "b", *sample)
+    raw = (tmp_path / "b" / "manifest.json").read_bytes()
+    assert raw == (json.dumps(json.loads(raw), sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def test_two_builds_give_byte_identical_bundles(tmp_path, sample):
+    files, manifest = sample
+    # Build 2 reads its files from disk (other mtimes/modes) and got its fields in another order.
+    scratch = tmp_path / "scratch"
+    as_paths = {}
+    for i, (rel, data) in enumerate(files.items()):
+        p = scratch / f"f{i}"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        os.chmod(p, 0o600 + i % 2 * 0o100)
+        os.utime(p, (1000 + i, 1000 + i))
+        as_paths[rel] = p
+    reordered = dict(reversed(list(manifest.items())))
+    one = write_bundle(tmp_path / "first" / "yolo", files, manifest)
+    two = write_bundle(tmp_path / "second" / "other-name", dict(reversed(list(as_paths.items()))), reordered)
+    assert one.digest == two.digest
+    assert one.archive.read_bytes() == two.archive.read_bytes()
+    assert (one.path / "manifest.json").read_bytes() == (two.path / "manifest.json").read_bytes()
+    raw_tar = gzip.decompress(one.archive.read_bytes())
+    for leak in (str(tmp_path).encode(), str(Path.home()).encode() + b"/", b"/tmp/"):
+        assert leak not in raw_tar
+    with tarfile.open(one.archive, "r:gz") as tar:
+        assert sorted(m.name for m in tar) == sorted(set(files) | {"manifest.json"})
+        assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in tar} == {(0, 0, 0, "", "", 0o644)}
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("/etc/passwd", "absolute"),
+    ("../up.bin", r"'\.\.' component"),
+    ("a/../../up.bin", r"'\.\.' component"),
+    ("a//b.bin", "empty"),
+    ("./a.bin", r"'\.'"),
+    ("a\\b.bin", "backslash"),
+    ("manifest.json", "written by DeepJIT"),
+])
+def test_refuses_bad_file_paths(tmp_path, sample, bad, message):
+    files, manifest = sample
+    with pytest.raises(BundleError, match=message):
+        write_bundle(tmp_path / "b", {**files, bad: b"x"}, manifest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_files_that_clash(tmp_path, sample):
+    files, manifest = sample
+    with pytest.raises(BundleError, match="inside 'segments/backbone.onnx'"):
+        write_bundle(tmp_path / "b", {**files, "segments/backbone.onnx/x": b"x"}, manifest)
+    with pytest.raises(BundleError, match="differ only by case"):
+        write_bundle(tmp_path / "b", {**files, "Segments/backbone.onnx": b"x"}, manifest)
+
+
+def test_refuses_absolute_paths_of_this_machine_in_the_manifest(tmp_path, sample):
+    files, manifest = sample
+    with pytest.raises(BundleError, match="'model.path'.*absolute path of this machine"):
+        write_bundle(tmp_path / "b", files, {**manifest, "model": {"path": str(tmp_path / "tiny.onnx")}})
+    with pytest.raises(BundleError, match=r"'toolchain.paths\[1\]'"):
+        write_bundle(tmp_path / "b", files, {**manifest, "toolchain": {"paths": ["ok", str(Path.home() / "x")]}})
+    assert not (tmp_path / "b").exists()
+    # ONNX names look like paths but are not; the spec text may quote a path on one of its lines.
+    ok = {**manifest, "spec": {**manifest["spec"], "text": f"model: {tmp_path}/tiny.onnx\nname: x\n"}}
+    info = write_bundle(tmp_path / "b", files, ok)
+    written = read_bundle(info.path).manifest
+    assert written["spec"]["text"] == ok["spec"]["text"] and written["model"] == manifest["model"]
+    assert written["kernels"][0]["cut_inputs"] == ["/model.22/Concat_output_0"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"digest": "sha256:" + "0" * 64}, "written by DeepJIT"),
+    ({"files": {}}, "written by DeepJIT"),
+    ({"err": float("nan")}, "'err'.*finite"),
+    ({"x": {"y": [1, object()]}}, r"'x.y\[1\]'.*not JSON"),
+    ({"x": {3: "a"}}, "key 3 is not a string"),
+])
+def test_refuses_manifest_fields_that_are_not_plain_json(tmp_path, sample, extra, message):
+    files, manifest = sample
+    with pytest.raises(BundleError, match=message):
+        write_bundle(tmp_path / "b", files, {**manifest, **extra})
+
+
+def test_read_bundle_verifies_folder_and_archive(tmp_path, sample):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest)
+    for source in (info.path, info.archive):
+        b = read_bundle(source)
+        assert isinstance(b, Bundle) and b.digest == info.digest and b.name == "tiny"
+        assert b.file("segments/backbone.onnx").read_bytes() == files["segments/backbone.onnx"]
+        onnx.checker.check_model(onnx.load_from_string(b.file("segments/backbone.onnx").read_bytes()))
+    with pytest.raises(BundleError, match="did you mean 'segments/backbone.onnx'"):
+        b.file("segments/backbone.onx")
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda root: _flip(root / "kernels/decode/yolov8_decode.sm_75.cubin"),
+     "'kernels/decode/yolov8_decode.sm_75.cubin' does not match its sha256"),
+    (lambda root: (root / "segments/backbone.onnx").write_bytes((root / "segments/backbone.onnx").read_bytes()[:-9]),
+     "'segments/backbone.onnx' has .* bytes"),
+    (lambda root: (root / "kernels/decode/extra.cu").write_bytes(b"// sneaked in"),
+     "'kernels/decode/extra.cu' is not listed"),
+    (lambda root: (root / "references/decode.onnx").unlink(),
+     "'references/decode.onnx' is listed in manifest.json but missing"),
+    (lambda root: (root / "manifest.json").write_text(
+        (root / "manifest.json").read_text().replace('"block": 256', '"block": 512')),
+     "'digest' .* does not match its content"),
+])
+def test_read_bundle_refuses_tampered_bundles(tmp_path, sample, tamper, message):
+    info = write_bundle(tmp_path / "b", *sample)
+    tamper(info.path)
+    with pytest.raises(BundleError, match=message):
+        read_bundle(info.path)
+
+
+def test_read_bundle_refuses_a_manifest_whose_file_hash_was_also_forged(tmp_path, sample):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest)
+    new = b"forged"
+    (info.path / "references/decode.onnx").write_bytes(new)
+    m = json.loads((info.path / "manifest.json").read_bytes())
+    m["files"]["references/decode.onnx"] = {"sha256": hashlib.sha256(new).hexdigest(), "size": len(new)}
+    (info.path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="does not match its content"):
+        read_bundle(info.path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_read_bundle_refuses_damaged_archives(tmp_path, sample, damage):
+    info = write_bundle(tmp_path / "b", *sample)
+    data = info.archive.read_bytes()
+    info.archive.write_bytes(data[: len(data) // 2] if damage == "truncate" else data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    with pytest.raises(BundleError, match="truncated or corrupt"):
+        read_bundle(info.archive)
+
+
+def test_update_bundle_adds_files_and_changes_the_digest(tmp_path, sample):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest)
+    plan = random.Random(7).randbytes(3000)
+    record = {"levels": {lvl: {"status": "passed", "reason": ""} for lvl in manifest["validation"]["levels"]}}
+    new = update_bundle(info.path, {"engines/backbone.plan": plan}, {"validation": record})
+    b = read_bundle(new.path)
+    assert new.digest != info.digest and new.digest == _canonical_digest(b.manifest)
+    assert b.manifest["validation"] == record
+    assert b.manifest["files"]["engines/backbone.plan"] == {"sha256": hashlib.sha256(plan).hexdigest(), "size": 3000}
+    for rel, data in files.items():
+        assert b.file(rel).read_bytes() == data
+    assert read_bundle(new.archive).digest == new.digest
+    assert b.manifest["kernels"] == manifest["kernels"]
+    assert _leftovers(tmp_path) == []
+
+
+def test_update_bundle_of_a_lone_archive(tmp_path, sample):
+    info = write_bundle(tmp_path / "b", *sample)
+    lone = tmp_path / "lone.tar.gz"
+    lone.write_bytes(info.archive.read_bytes())
+    new = update_bundle(lone, {"engines/backbone.plan": b"plan"}, {})
+    assert new.path == lone and read_bundle(lone).digest == new.digest != info.digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.tar.gz", "lone.tar.gz"]
+
+
+def test_update_bundle_refuses_a_tampered_bundle(tmp_path, sample):
+    info = write_bundle(tmp_path / "b", *sample)
+    _flip(info.path / "segments/backbone.onnx")
+    with pytest.raises(BundleError, match="segments/backbone.onnx"):
+        update_bundle(info.path, {"engines/x.plan": b"x"}, {})
+    with pytest.raises(BundleError, match="written by DeepJIT"):
+        update_bundle(info.archive, {}, {"digest": "sha256:" + "1" * 64})
+
+
+def test_an_interrupted_write_leaves_the_previous_bundle(tmp_path, sample, monkeypatch):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+
+    def crash(folder, dest):
+        Path(dest).write_bytes(b"half an archive")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bundle_mod, "pack_to", crash)
+    with pytest.raises(KeyboardInterrupt):
+        write_bundle(info.path, {**files, "engines/new.plan": b"new"}, manifest)
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+    assert _leftovers(tmp_path) == []
+    with pytest.raises(KeyboardInterrupt):
+        write_bundle(tmp_path / "fresh", files, manifest)
+    assert not (tmp_path / "fresh").exists() and not (tmp_path / "fresh.tar.gz").exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_missing_input_file_writes_nothing(tmp_path, sample):
+    files, manifest = sample
+    with pytest.raises(BundleError, match=r"files\['engines/x.plan'\]: .* not a readable regular file"):
+        write_bundle(tmp_path / "b", {**files, "engines/x.plan": tmp_path / "nope.plan"}, manifest)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_bundle_replaces_a_bundle_but_not_other_folders(tmp_path, sample):
+    files, manifest = sample
+    write_bundle(tmp_path / "b", files, manifest)
+    info = write_bundle(tmp_path / "b", {"only.bin": b"1"}, {"name": "second"})
+    assert read_bundle(tmp_path / "b").manifest["name"] == "second"
+    assert sorted(read_bundle(info.archive).files) == ["only.bin"]
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    with pytest.raises(BundleError, match="not a DeepJIT bundle; refusing to replace"):
+        write_bundle(precious, files, manifest)
+    assert (precious / "notes.txt").read_text() == "mine"
+
+
+def test_unpack_bundle_checks_the_expected_digest(tmp_path, sample):
+    info = write_bundle(tmp_path / "b", *sample)
+    with pytest.raises(BundleError, match="is not the expected sha256:1111"):
+        unpack_bundle(info.archive.read_bytes(), tmp_path / "u", expected_digest="sha256:" + "1" * 64)
+    assert not (tmp_path / "u").exists()
+    b = unpack_bundle(info.archive, tmp_path / "u", expected_digest=info.digest)
+    assert b.root == tmp_path / "u" and read_bundle(b.root).digest == info.digest
+    assert pack(b.root) == info.archive.read_bytes()
+
+
+def test_describe_summarises_for_inspect(tmp_path, sample):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest)
+    d = describe(info.archive)
+    assert d["name"] == "tiny" and d["digest"] == info.digest
+    assert d["target"] == {"gpu": "Tesla T4", "sm": 75}
+    assert d["spec_sha256"] == manifest["spec"]["sha256"] and d["model_sha256"] == manifest["model"]["sha256"]
+    assert {f["path"]: f["size"] for f in d["files"]} == {rel: len(data) for rel, data in files.items()}
+    assert d["total_size"] == sum(len(v) for v in files.values())
+    assert [k["name"] for k in d["kernels"]] == ["decode"] and d["kernels"][0]["params"] == {"block": 256}
+    assert d["validation"] == {"graph": "passed", "precision": "passed", "kernels": "failed",
+                               "end_to_end": "passed", "engine": "not_run"}
+    assert json.loads(json.dumps(d)) == d  # JSON-ready for `deepjit inspect --json`
+
+
+def test_read_bundle_refuses_other_schema_versions_and_non_bundles(tmp_path, sample):
+    info = write_bundle(tmp_path / "b", *sample)
+    m = json.loads((info.path / "manifest.json").read_bytes())
+    m["schema_version"] = 2
+    (info.path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="schema_version 2 is not supported"):
+        read_bundle(info.path)
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(BundleError, match="plain: no manifest.json; not a DeepJIT bundle"):
+        read_bundle(tmp_path / "plain")
+    with pytest.raises(BundleError, match="no such bundle"):
+        read_bundle(tmp_path / "absent")

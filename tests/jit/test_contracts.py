@@ -1,0 +1,218 @@
+"""Kernel contracts: loading, params from spec/facts/defaults, tensor signatures, dim binding,
+launch geometry and typed args, plus the host-side letterbox geometry."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from deepjit_compiler.jit.contracts import (bind_dims, concrete_shape, entry_symbols, launches, load_contract,
+                                            normalize_facts, resolve_params, signature, workspace_bytes)
+from deepjit_compiler.errors import KernelError, RuntimeInputError
+from deepjit_compiler.runtime.launch import decode_input_names, letterbox_geometry, pack_arg
+
+# Facts as surgery's yolov8_decode preset writes them (presets.py), static 640x640.
+FACTS = {"reg_max": 16, "num_classes": 80, "strides": [8, 16, 32], "anchors": 8400,
+         "levels": [{"level": i, "stride": s, "height": 640 // s, "width": 640 // s} for i, s in enumerate((8, 16, 32))],
+         "dtypes": {"head": "float32", "output": "float32"}, "input_size": [640, 640],
+         "head_inputs": [{"name": f"/m/{r}{i}", "role": r, "level": i} for i in range(3) for r in ("box", "cls")]}
+DYNAMIC = {**FACTS, "anchors": "anchors", "input_size": ["height", "width"],
+           "levels": [{"level": i, "stride": s, "height": f"height/{s}", "width": f"width/{s}"}
+                      for i, s in enumerate((8, 16, 32))]}
+
+
+def head_shapes(batch: int, size: int = 640, nc: int = 80) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for i, s in enumerate((8, 16, 32)):
+        out[f"box_{i}"] = (batch, 64, size // s, size // s)
+        out[f"cls_{i}"] = (batch, nc, size // s, size // s)
+    return out
+
+
+def test_builtin_contracts_load_and_name_their_files():
+    for name in ("yolov8_decode", "nms", "letterbox"):
+        c = load_contract(name)
+        assert c.name == name and c.template_path.name == f"{name}.cu.j2"
+        assert [p.name for p in c.header_paths] == ["deepjit_common.cuh"]
+        assert len(c.digest()) == 64
+
+
+def test_facts_are_normalized_from_the_preset_format():
+    f = normalize_facts(DYNAMIC)
+    assert f["levels"] == [["H0", "W0"], ["H1", "W1"], ["H2", "W2"]]
+    assert f["anchors"] == "A" and f["input_dtype"] == "float32" and f["input_size"] is None
+    s = normalize_facts(FACTS)
+    assert s["levels"] == [[80, 80], [40, 40], [20, 20]] and s["input_size"] == 640
+
+
+def test_params_come_from_spec_then_facts_then_defaults():
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {"conf_threshold": 0.4, "reg_max": 8}, FACTS)
+    assert p["conf_threshold"] == 0.4          # spec
+    assert p["reg_max"] == 8                   # spec beats the fact
+    assert p["num_classes"] == 80              # fact
+    assert p["max_candidates"] == 8400         # fact 'anchors'
+    assert p["mode"] == "candidates"           # default
+    assert p["num_levels"] == 3 and p["static_levels"] is True and p["channels"] == 4 * 8 + 80
+
+
+def test_missing_param_is_named_with_where_it_would_come_from():
+    facts = {k: v for k, v in FACTS.items() if k != "num_classes"}
+    with pytest.raises(KernelError, match=r"param 'num_classes' was neither given nor inferable.*'num_classes'"):
+        resolve_params(load_contract("yolov8_decode"), {}, facts)
+
+
+def test_unknown_and_disallowed_params_name_the_allowed_ones():
+    c = load_contract("yolov8_decode")
+    with pytest.raises(KernelError, match=r"unknown param 'conf_treshold' \(did you mean 'conf_threshold'\?\)"):
+        resolve_params(c, {"conf_treshold": 0.3}, FACTS)
+    with pytest.raises(KernelError, match=r"'mode' must be one of \['candidates', 'output0'\], got 'output'"):
+        resolve_params(c, {"mode": "output"}, FACTS)
+    with pytest.raises(KernelError, match=r"'conf_threshold' must be in \[0.0, 1.0\], got 1.5"):
+        resolve_params(c, {"conf_threshold": 1.5}, FACTS)
+    with pytest.raises(KernelError, match=r"'anchors_per_thread' must be int, got '4'"):
+        resolve_params(c, {"anchors_per_thread": "4"}, FACTS)
+
+
+def test_decode_signature_static_and_dynamic():
+    c = load_contract("yolov8_decode")
+    sig = {s.name: s for s in signature(c, resolve_params(c, {"mode": "output0"}, FACTS))}
+    assert list(sig) == ["box_0", "box_1", "box_2", "cls_0", "cls_1", "cls_2", "output0"]
+    assert sig["box_1"].shape == ("B", 64, 40, 40) and sig["cls_2"].shape == ("B", 80, 20, 20)
+    assert sig["output0"].shape == ("B", 84, "A") and sig["output0"].role == "output"
+    dyn = {s.name: s for s in signature(c, resolve_params(c, {"dtype": "float16"}, DYNAMIC))}
+    assert dyn["box_0"].shape == ("B", 64, "H0", "W0") and dyn["box_0"].dtype == "float16"
+    assert dyn["cand_count"].zero_init and dyn["cand_boxes"].shape == ("B", "A", 4)
+
+
+def test_bind_dims_and_output_shapes():
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {"mode": "output0"}, DYNAMIC)
+    dims = bind_dims(c, p, head_shapes(3, size=320))
+    assert dims["B"] == 3 and (dims["H0"], dims["W2"]) == (40, 10)
+    assert dims["A"] == 40 * 40 + 20 * 20 + 10 * 10
+    out = next(s for s in signature(c, p) if s.name == "output0")
+    assert concrete_shape(out, p, dims) == (3, 84, 2100)
+
+
+def test_bad_input_shapes_name_tensor_and_dim():
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {}, FACTS)
+    shapes = head_shapes(2)
+    with pytest.raises(RuntimeInputError, match=r"input 'cls_1' dim 2 is 41, expected 40"):
+        bind_dims(c, p, {**shapes, "cls_1": (2, 80, 41, 40)})
+    with pytest.raises(RuntimeInputError, match=r"input 'box_2' dim 0 is 3, expected 2"):
+        bind_dims(c, p, {**shapes, "box_2": (3, 64, 20, 20)})
+    with pytest.raises(RuntimeInputError, match=r"input 'box_0' is missing"):
+        bind_dims(c, p, {k: v for k, v in shapes.items() if k != "box_0"})
+
+
+def test_decode_launch_geometry_and_typed_arg_order():
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {"anchors_per_thread": 2, "block": 64}, FACTS)
+    dims = bind_dims(c, p, head_shapes(5))
+    tensors = {s.name: 1000 + k for k, s in enumerate(signature(c, p))}
+    (launch,) = launches(c, p, dims, tensors)
+    assert launch.symbol == "deepjit_yolov8_decode_candidates<float>"
+    assert launch.grid == (-(-8400 // (2 * 64)), 5, 1) and launch.block == (64, 1, 1)
+    names = [a[0] for a in launch.args]
+    assert names == ["box_0", "box_1", "box_2", "cls_0", "cls_1", "cls_2", "H0", "H1", "H2", "W0", "W1", "W2", "A",
+                     "cand_count", "cand_boxes", "cand_scores", "cand_classes", "cand_index", "capacity"]
+    args = {a[0]: a for a in launch.args}
+    assert args["H1"] == ("H1", "i32", 40) and args["capacity"] == ("capacity", "i32", 8400)
+    assert args["cls_0"] == ("cls_0", "ptr", tensors["cls_0"])
+
+
+def test_four_lanes_per_anchor_launch_four_threads_per_anchor():
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {"anchors_per_thread": 1, "lanes_per_anchor": 4}, FACTS)
+    (launch,) = launches(c, p, bind_dims(c, p, head_shapes(3)), {s.name: 1 for s in signature(c, p)})
+    assert launch.grid == (-(-8400 * 4 // 128), 3, 1) and launch.block == (128, 1, 1)
+
+
+def test_concatenated_form_binds_anchors_from_its_input():
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {"input_form": "concatenated", "mode": "output0"}, FACTS)
+    sig = signature(c, p)
+    assert [s.name for s in sig] == ["x", "output0"] and sig[0].shape == ("B", 144, "A")
+    assert bind_dims(c, p, {"x": (2, 144, 8400)})["A"] == 8400
+    with pytest.raises(RuntimeInputError, match=r"dim A is 8000 from input 'x' dim 2, but the contract makes it 8400 \(80\*80\+40\*40\+20\*20\)"):
+        bind_dims(c, p, {"x": (2, 144, 8000)})
+
+
+def test_nms_workspace_only_when_candidates_overflow_shared_memory():
+    c = load_contract("nms")
+    p = resolve_params(c, {}, {})
+    assert p["max_candidates"] == "K"
+    shapes = lambda b, k: {"cand_count": (b,), "cand_boxes": (b, k, 4), "cand_scores": (b, k),  # noqa: E731
+                           "cand_classes": (b, k), "cand_index": (b, k)}
+    small = bind_dims(c, p, shapes(4, 2000))
+    assert workspace_bytes(c, p, small) == 0
+    big = bind_dims(c, p, shapes(4, 8400))
+    assert workspace_bytes(c, p, big) == 4 * 16384 * 12
+    (launch,) = launches(c, p, big, {**{k: 1 for k in shapes(1, 1)}, "workspace": 7, "num_dets": 2, "boxes": 3,
+                                      "scores": 4, "classes": 5})
+    assert launch.symbol == "deepjit_nms<300, false>" and launch.grid == (4, 1, 1)
+    assert dict((a[0], a[2]) for a in launch.args)["ws_stride"] == 16384
+
+
+def test_entry_symbols_follow_params():
+    c = load_contract("yolov8_decode")
+    assert entry_symbols(c, resolve_params(c, {"mode": "output0", "dtype": "float16"}, FACTS)) == \
+        (("decode", "deepjit_yolov8_decode_output0<__half>"),)
+
+
+def test_user_contract_by_path_with_yaml_errors_located(tmp_path):
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "scale.cu.j2").write_text("extern \"C\" __global__ void scale(float* x) { x[0] *= {{ factor }}; }\n")
+    body = textwrap.dedent("""\
+        name: scale
+        template: scale.cu.j2
+        params:
+          factor: {type: float, default: 2.0}
+        inputs:
+          - {name: x, dtype: float32, shape: [N]}
+        entry_points:
+          - {name: scale, symbol: scale, block: [1], grid: [1], args: [{name: x, type: ptr}]}
+        """)
+    (tmp_path / "k" / "scale.yaml").write_text(body)
+    c = load_contract("k/scale.yaml", spec_dir=tmp_path)
+    assert c.template_path == (tmp_path / "k" / "scale.cu.j2").resolve()
+    assert bind_dims(c, resolve_params(c, {}), {"x": (7,)})["N"] == 7
+    (tmp_path / "k" / "bad.yaml").write_text(body.replace("    block:", "    blokc:").replace("{name: scale, symbol",
+                                                                                            "{name: scale, blokc: [1], symbol"))
+    with pytest.raises(KernelError, match=r"bad\.yaml:8:\d+: entry_points\[0\]\.blokc: unknown key 'blokc' \(did you mean 'block'\?\)"):
+        load_contract("k/bad.yaml", spec_dir=tmp_path)
+    with pytest.raises(KernelError, match=r"unknown kernel contract 'nmx' \(did you mean 'nms'\?\)"):
+        load_contract("nmx")
+
+
+# --- host side --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("h, w, size, want", [
+    (480, 640, 640, (1.0, 640, 480, 0, 80)),              # dw - 0.1 = -0.1 rounds to 0
+    (1080, 1920, 640, (640 / 1920, 640, 360, 0, 140)),     # (640 - 360) / 2 - 0.1 = 139.9 -> 140
+    (5, 1280, 640, (0.5, 640, 2, 0, 319)),                 # 5 * 0.5 = 2.5 -> 2 (half to even); 318.9 -> 319
+    (7, 1280, 640, (0.5, 640, 4, 0, 318)),                 # 3.5 -> 4 (half to even); 317.9 -> 318
+    (640, 427, 640, (1.0, 427, 640, 106, 0)),              # (640 - 427) / 2 - 0.1 = 106.4 -> 106
+])
+def test_letterbox_geometry_rounds_half_to_even(h, w, size, want):
+    g = letterbox_geometry(h, w, size)
+    assert g.r == pytest.approx(want[0], rel=1e-7)
+    assert (g.new_w, g.new_h, g.left, g.top) == want[1:]
+    assert g.scale_x == float(np.float32(g.new_w) / np.float32(w))
+
+
+def test_kernel_args_get_explicit_c_types():
+    assert pack_arg("n", "i32", 5).dtype == np.int32
+    assert pack_arg("t", "f32", 0.45).dtype == np.float32      # never a double
+    assert pack_arg("p", "ptr", 0x7F00) == np.uint64(0x7F00)
+    with pytest.raises(KernelError, match="'p' is a pointer"):
+        pack_arg("p", "ptr", 1.5)
+
+
+def test_decode_input_names_map_contract_inputs_to_site_tensors():
+    names = decode_input_names(FACTS)
+    assert names["box_0"] == "/m/box0" and names["cls_2"] == "/m/cls2" and len(names) == 6

@@ -1,0 +1,163 @@
+"""NVRTC on a machine without a GPU: cubin for sm_XX plus compute_XX PTX, mangled names kept,
+versions recorded, options from the spec, and compile errors mapped back to the template."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from deepjit_compiler.jit import nvrtc
+from deepjit_compiler.errors import KernelCompileError, KernelError
+from deepjit_compiler.jit.nvrtc import CompileOptions, compile_site_kernel, compile_site_kernels, compile_source
+from deepjit_compiler.jit.render import render_kernel
+
+FACTS = {"reg_max": 16, "num_classes": 80, "strides": [8, 16, 32], "anchors": 8400,
+         "levels": [[80, 80], [40, 40], [20, 20]], "input_dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def t4_kernels(tmp_path_factory):
+    """The T4 pipeline's two kernels (pipelines/yolov8_t4.yaml), compiled for sm_75."""
+    cache = tmp_path_factory.mktemp("cache")
+    return compile_site_kernels([("yolov8_decode", {"mode": "candidates", "conf_threshold": 0.25, "anchors_per_thread": 4}),
+                                 ("nms", {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300})],
+                                FACTS, sm=75, cache_dir=cache)
+
+
+def test_cubin_and_ptx_for_sm75_without_a_gpu(t4_kernels):
+    decode, nms = t4_kernels
+    for k in (decode, nms):
+        assert k.cubin[:4] == b"\x7fELF"
+        assert ".target sm_75" in k.ptx and (k.arch, k.ptx_arch) == ("sm_75", "compute_75")
+        major, minor = nvrtc.nvrtc_version()
+        assert k.nvrtc_version == f"{major}.{minor}"
+        assert k.min_driver == major * 1000 and k.ptx_min_driver == major * 1000 + minor * 10
+        assert k.ptx_isa and f".version {k.ptx_isa}" in k.ptx
+        assert "-use_fast_math" not in k.options and "--std=c++17" in k.options
+        assert len(k.key) == 64 and k.manifest()["cubin_sha256"]
+    mangled = decode.symbol("decode")
+    assert mangled.startswith("_Z") and "deepjit_yolov8_decode_candidates" in mangled
+    assert f".entry {mangled}(" in decode.ptx
+    assert nms.symbol("deepjit_nms<300, false>") == nms.symbol("nms")
+
+
+def test_sm90_build_and_fp16_inputs_find_cuda_fp16(tmp_path):
+    k = compile_site_kernel("yolov8_decode", {"dtype": "float16", "mode": "output0"}, FACTS, sm=90, cache_dir=tmp_path)
+    assert ".target sm_90" in k.ptx and k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<__half>"),)
+    assert "6__half" in k.symbol("decode")  # the template argument survives in the mangled name
+
+
+def test_four_lanes_per_anchor_is_for_the_candidates_mode_only(tmp_path):
+    k = compile_site_kernel("yolov8_decode", {"anchors_per_thread": 1, "lanes_per_anchor": 4}, FACTS, sm=75, cache_dir=tmp_path)
+    assert "__shfl_xor_sync(deepjit::kFullMask, best, d)" in k.source.code  # the four-lane kernel was rendered
+    for params in ({"mode": "output0", "anchors_per_thread": 1}, {"anchors_per_thread": 4}):
+        with pytest.raises(KernelCompileError, match=r"yolov8_decode.cu.j2:\d+: error: static assertion failed with "
+                                                     r"\"yolov8_decode: lanes_per_anchor 4 needs mode candidates and "
+                                                     r"anchors_per_thread 1\""):
+            compile_site_kernel("yolov8_decode", {**params, "lanes_per_anchor": 4}, FACTS, sm=75, cache_dir=tmp_path)
+
+
+def test_nms_chunk_must_fit_the_target_sms_shared_memory(tmp_path):
+    """chunk * (chunk / 8 + 28) bytes of dynamic shared memory on top of ~35 KiB static: a T4
+    (sm_75) allows 64 KiB per block, an H100/H200 (sm_90) 227 KiB."""
+    nms = {"max_candidates": 8400}
+    for sm, chunk in ((75, 256), (90, 1024)):
+        k = compile_site_kernel("nms", {**nms, "chunk": chunk}, sm=sm, cache_dir=tmp_path)
+        assert f"CHUNK = {chunk}," in k.source.code
+    with pytest.raises(KernelCompileError, match=r"nms.cu.j2:\d+: error: static assertion failed with \"nms: chunk "
+                                                 r"\* \(chunk / 8 \+ 28\) .* lower chunk\""):
+        compile_site_kernel("nms", {**nms, "chunk": 512}, sm=75, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("pipeline", ["yolov8_t4", "yolov8_h200"])
+def test_decode_output0_twin_of_each_example_pipeline_compiles(pipeline, tmp_path):
+    """The kernels level recompiles the pipeline's decode in mode output0 (validate.py): whatever the
+    spec sets for the candidates kernel must leave a compilable twin."""
+    from deepjit_compiler.jit.contracts import load_contract
+    from deepjit_compiler.spec.load import load_spec
+    from deepjit_compiler.validation.kernels import output0_twin_params
+
+    (ref,) = [k for cut in load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts for k in cut.kernels
+              if k.contract == "yolov8_decode"]
+    declared = load_contract("yolov8_decode").model.params
+    twin = output0_twin_params({**ref.params, "num_levels": 3}, declared)  # manifests also list derived values
+    assert twin["mode"] == "output0" and "num_levels" not in twin
+    k = compile_site_kernel("yolov8_decode", twin, FACTS, sm=90, cache_dir=tmp_path)
+    assert k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<float>"),)
+
+
+def test_options_from_the_spec(tmp_path):
+    _, src = render_kernel("letterbox", {}, {})
+    assert "-use_fast_math" not in CompileOptions().flags(75)
+    fast = compile_source(src, 75, CompileOptions(fast_math=True, debug=True, extra=("-DDEEPJIT_TEST=1",)))
+    assert {"-use_fast_math", "-lineinfo", "-DDEEPJIT_TEST=1", "--gpu-architecture=sm_75"} <= set(fast.options)
+    assert ".loc" in fast.ptx  # -lineinfo puts source lines in the PTX
+
+
+def test_unsupported_sm_lists_the_supported_ones():
+    _, src = render_kernel("letterbox", {}, {})
+    with pytest.raises(KernelError, match=r"cannot target sm_70; supported: sm_75, "):
+        compile_source(src, 70)
+
+
+def test_compile_error_is_reported_at_the_template_line(tmp_path):
+    (tmp_path / "broken.cu.j2").write_text(textwrap.dedent("""\
+        // a user's kernel
+        {% for i in range(n) %}
+        __device__ float f{{ i }}(float x) { return x * {{ i }}; }
+        {% endfor %}
+        extern "C" __global__ void broken(float* x) {
+            x[0] = f0(x[0]) + undefined_thing;
+        }
+        """))
+    (tmp_path / "broken.yaml").write_text(textwrap.dedent("""\
+        name: broken
+        template: broken.cu.j2
+        params: {n: {type: int, default: 4}}
+        entry_points: [{name: broken, symbol: broken, block: [1], grid: [1], args: []}]
+        """))
+    with pytest.raises(KernelCompileError) as info:
+        compile_site_kernel(str(tmp_path / "broken.yaml"), {}, sm=75, cache_dir=tmp_path / "cache")
+    msg = str(info.value)
+    assert f"{tmp_path / 'broken.cu.j2'}:6: error" in msg                   # template line, not rendered line
+    assert "(rendered broken.cu:7)" in msg                                  # 4 loop copies of 1 line for 3 template lines
+    assert '>    7 |     x[0] = f0(x[0]) + undefined_thing;' in msg          # the rendered source around it
+    assert "undefined_thing" in msg and "sm_75" in msg
+
+
+def test_name_expressions_of_templates_are_kept(t4_kernels):
+    decode, _ = t4_kernels
+    assert decode.lowered[0][0] == "deepjit_yolov8_decode_candidates<float>"
+    with pytest.raises(KernelError, match="no entry point 'nope'"):
+        decode.symbol("nope")
+
+
+def test_cuda_headers_fall_back_to_pathfinder_without_bundled_headers(monkeypatch, tmp_path):
+    """NVRTC 13.0 under newer cuda-bindings: nvrtcGetBundledHeadersInfo raises; cuda_fp16.h must
+    then come from the CUDA headers cuda.pathfinder finds."""
+    def broken():
+        raise TypeError("__cinit__() takes exactly 1 positional argument (0 given)")
+
+    monkeypatch.setattr(nvrtc.nvrtc, "nvrtcGetBundledHeadersInfo", broken, raising=False)
+    nvrtc.cuda_headers.cache_clear()
+    try:
+        options, identity = nvrtc.cuda_headers()
+        assert options[0].startswith("-I") and identity.startswith("include-")
+        k = compile_site_kernel("letterbox", {"dtype": "float16"}, {}, sm=75, cache_dir=tmp_path)
+        assert options[0] in k.options and k.cubin[:4] == b"\x7fELF"
+    finally:
+        nvrtc.cuda_headers.cache_clear()
+
+
+def test_binaries_are_the_same_bytes_in_another_process(tmp_path):
+    """Reproducible bundles: no per-compile unique names (anonymous namespaces, constexpr globals)."""
+    import subprocess
+    import sys
+
+    code = ("import hashlib, sys; from deepjit_compiler.jit.nvrtc import compile_site_kernel as c; "
+            "k = c('nms', {}, {}, sm=75, cache_dir=sys.argv[1]); "
+            "print(hashlib.sha256(k.cubin).hexdigest(), hashlib.sha256(k.ptx.encode()).hexdigest())")
+    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / f"c{i}")], capture_output=True, text=True,
+                           check=True).stdout for i in range(2)]
+    assert runs[0] == runs[1] and len(runs[0].split()) == 2

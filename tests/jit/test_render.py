@@ -1,0 +1,91 @@
+"""Rendering: params baked into the source, StrictUndefined errors named, exact float literals, and
+rendered lines mapped back to template lines."""
+from __future__ import annotations
+
+import re
+import textwrap
+
+import numpy as np
+import pytest
+
+from deepjit_compiler.jit.contracts import load_contract, resolve_params
+from deepjit_compiler.errors import KernelError
+from deepjit_compiler.jit.render import f32_literal, render, render_kernel
+
+FACTS = {"reg_max": 16, "num_classes": 80, "strides": [8, 16, 32], "anchors": 8400,
+         "levels": [[80, 80], [40, 40], [20, 20]], "input_dtype": "float32"}
+
+
+def test_decode_source_bakes_site_facts_and_spec_params():
+    _, src = render_kernel("yolov8_decode", {"conf_threshold": 0.3, "anchors_per_thread": 2}, {**FACTS, "num_classes": 7})
+    assert "enum : int { NC = 7, REG = 16, V = 2, LANES = 1, BLOCK = 128 };" in src.code
+    assert "const int hw1 = 40 * 40;" in src.code                 # static levels are constants
+    literal = re.search(r"float conf_threshold\(\) \{ return (\S+)f", src.code).group(1)
+    assert float.fromhex(literal) == float(np.float32(0.3))      # the float32 the reference uses
+    assert src.symbols == (("decode", "deepjit_yolov8_decode_candidates<float>"),)
+    assert src.headers[0][0] == "deepjit_common.cuh" and "/*@@" not in src.code
+
+
+def test_dynamic_levels_read_sizes_from_kernel_args():
+    facts = {**FACTS, "levels": [["H0", "W0"], ["H1", "W1"], ["H2", "W2"]], "anchors": "A"}
+    _, src = render_kernel("yolov8_decode", {"mode": "output0"}, facts)
+    assert "const int hw2 = args.h2 * args.w2;" in src.code
+    assert "deepjit_yolov8_decode_output0" in src.code and "deepjit_yolov8_decode_candidates" not in src.code
+
+
+@pytest.mark.parametrize("value", [0.25, 0.45, 0.1, 1e-3, 0.7])
+def test_f32_literal_is_exact(value):
+    literal = f32_literal(value).split("f ")[0]
+    assert np.float32(float.fromhex(literal)) == np.float32(value)
+    assert float.fromhex(literal) == float(np.float32(value))
+
+
+def test_rendered_lines_map_back_to_template_lines():
+    contract = load_contract("nms")
+    src = render(contract, resolve_params(contract, {"max_det": 100}))
+    template = contract.template_path.read_text().splitlines()
+    rendered = src.code.splitlines()
+    n = next(i for i, line in enumerate(rendered, 1) if "cand_count[b] = 0;" in line)
+    file, line = src.origin(n)
+    assert file == str(contract.template_path)
+    assert "cand_count[b] = 0;" in template[line - 1]
+    # a line from the shared header's consumer: the constants block
+    n = next(i for i, line in enumerate(rendered, 1) if line.startswith("enum : int { BLOCK = 512, SORT_CAP = 2048"))
+    assert template[src.origin(n)[1] - 1].startswith("enum : int { BLOCK = {{ block }}, SORT_CAP = {{ sort_capacity }}")
+    marked = [row for row in src.excerpt(n).splitlines() if row.startswith(">")]
+    assert marked == [f">{n:5d} | {rendered[n - 1]}"]
+
+
+def _user_contract(tmp_path, template: str, params: str = "factor: {type: float, default: 2.0}"):
+    (tmp_path / "mine.cu.j2").write_text(textwrap.dedent(template))
+    (tmp_path / "mine.yaml").write_text(textwrap.dedent(f"""\
+        name: mine
+        template: mine.cu.j2
+        params:
+          {params}
+        entry_points:
+          - {{name: k, symbol: k, block: [1], grid: [1], args: []}}
+        """))
+    return load_contract(str(tmp_path / "mine.yaml"))
+
+
+def test_undefined_variable_names_it_and_the_template_line(tmp_path):
+    c = _user_contract(tmp_path, """\
+        // line 1
+        extern "C" __global__ void k(float* x) {
+            x[0] *= {{ factr }};
+        }
+        """)
+    with pytest.raises(KernelError, match=r"mine\.cu\.j2:3: 'factr' is undefined \(did you mean 'factor'\?\)"):
+        render(c, resolve_params(c, {}))
+
+
+def test_template_syntax_error_names_file_and_line(tmp_path):
+    c = _user_contract(tmp_path, """\
+        extern "C" __global__ void k(float* x) {
+        {% if factor > 1 %}
+            x[0] *= {{ factor }};
+        }
+        """)
+    with pytest.raises(KernelError, match=r"mine\.cu\.j2:\d+: template syntax error"):
+        render(c, resolve_params(c, {}))

@@ -1,0 +1,369 @@
+"""precision.py and calibration.py: the graph rewrites, their measured cost, the calibration cache."""
+from __future__ import annotations
+
+import importlib
+import json
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from deepjit_compiler.precision.calibration import CalibrationSettings, reader_for
+from deepjit_compiler.errors import SpecError
+from deepjit_compiler.precision.rewrite import DEFAULT_KEEP_FP32, KEEP_FP32_REASONS, apply_precision, check_keep_fp32
+from deepjit_compiler.precision.emulate import emulate_in_fp32, measure_cost
+
+FLOAT, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
+# the module, not the `quantize` function the package re-exports under the same name
+ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")
+
+
+def conv_softmax_model(seed: int = 0) -> onnx.ModelProto:
+    """x [N,3,16,16] -> Conv -> Relu -> Conv -> Softmax(axis=1) -> y, weights seeded."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.5).astype(np.float32)
+    b1 = rng.standard_normal(8).astype(np.float32)
+    w2 = (rng.standard_normal((16, 8, 3, 3)) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             helper.make_node("Softmax", ["c2"], ["y"], axis=1, name="softmax")]
+    graph = helper.make_graph(
+        nodes, "conv_softmax", [helper.make_tensor_value_info("x", FLOAT, ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", FLOAT, ["N", 16, 16, 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def feeds(n: int, shape, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.uniform(-1, 1, size=shape).astype(np.float32)} for _ in range(n)]
+
+
+def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
+    g = onnx.shape_inference.infer_shapes(model).graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *g.value_info)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    return types
+
+
+def node(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.name == name)
+
+
+def random_calibration(tmp_path, seed: int = 0, samples: int = 4, **kw) -> CalibrationSettings:
+    return CalibrationSettings(data="random", cache=tmp_path / "calib", samples=samples, seed=seed,
+                               ranges={"x": (-1.0, 1.0)}, shapes={"x": (1, 3, 16, 16)}, **kw)
+
+
+# -- fp16 -----------------------------------------------------------------------------------------
+
+def test_fp16_keeps_io_types_and_softmax_in_fp32():
+    m16 = apply_precision(conv_softmax_model(), "fp16")
+    onnx.checker.check_model(m16)  # also checks topological order
+    types = tensor_types(m16)
+    assert [i.type.tensor_type.elem_type for i in m16.graph.input] == [FLOAT]
+    assert [o.type.tensor_type.elem_type for o in m16.graph.output] == [FLOAT]
+    sm = node(m16, "softmax")
+    assert types[sm.input[0]] == FLOAT and types[sm.output[0]] == FLOAT
+    assert types[node(m16, "conv2").output[0]] == F16
+    assert types["w1"] == F16 and types["w2"] == F16
+    # the fp32 Softmax output reaches the graph output without an fp16 round trip
+    assert not any(n.op_type == "Cast" and types.get(n.input[0]) == FLOAT and
+                   any(a.name == "to" and a.i == F16 for a in n.attribute) and sm.output[0] in n.input
+                   for n in m16.graph.node)
+    assert {p.key: p.value for p in m16.metadata_props}["deepjit.precision"] == "fp16"
+
+
+def test_fp16_cost_is_small_but_nonzero():
+    model = conv_softmax_model()
+    cost = measure_cost(model, apply_precision(model, "fp16"), feeds(3, (2, 3, 16, 16), seed=1))
+    y = cost["y"]
+    assert cost.precision == "fp16" and cost.samples == 3
+    # Softmax outputs lie in [0, 1]; fp16 keeps ~3 decimal digits through two convs
+    assert 0 < y.max_abs < 2e-2
+    assert 0 < y.median_abs < 1e-3
+    assert y.ref_max_abs <= 1.0
+
+
+def test_measure_cost_of_an_unchanged_model_is_zero():
+    model = conv_softmax_model()
+    cost = measure_cost(model, apply_precision(model, "fp32"), feeds(2, (1, 3, 16, 16), seed=2))
+    assert cost["y"].max_abs == 0 and cost["y"].max_rel == 0
+
+
+def _offset_model(dtype: int) -> onnx.ModelProto:
+    """y = Conv(Conv(x, I, +1000), I, -1000): exact in fp32, lossy where the middle tensor is stored
+    in a low type (fp16 spacing at 1000 is 0.5, bf16's is 4)."""
+    eye = np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1)
+    nodes = [helper.make_node("Cast", ["x"], ["xl"], to=dtype, name="in_cast"),
+             helper.make_node("Conv", ["xl", "w", "bp"], ["a"], name="c1"),
+             helper.make_node("Conv", ["a", "w", "bm"], ["yl"], name="c2"),
+             helper.make_node("Cast", ["yl"], ["y"], to=FLOAT, name="out_cast")]
+    low = ml_dtypes.bfloat16 if dtype == BF16 else np.float16
+    inits = [numpy_helper.from_array(eye.astype(low), "w"),
+             numpy_helper.from_array(np.full(4, 1000, np.float32).astype(low), "bp"),
+             numpy_helper.from_array(np.full(4, -1000, np.float32).astype(low), "bm")]
+    graph = helper.make_graph(nodes, "offset", [helper.make_tensor_value_info("x", FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+
+
+@pytest.mark.parametrize("dtype,low", [(F16, np.float16), (BF16, ml_dtypes.bfloat16)])
+def test_emulation_rounds_every_low_precision_tensor(dtype, low):
+    x = np.random.default_rng(3).uniform(0, 0.4, size=(1, 4, 8, 8)).astype(np.float32)
+    # Expected by hand: round the input, the +1000 intermediate and the result to the low type.
+    a = (x.astype(low).astype(np.float64) + 1000).astype(low)
+    expected = (a.astype(np.float64) - 1000).astype(low).astype(np.float32)
+    got = ort.InferenceSession(emulate_in_fp32(_offset_model(dtype)).SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, expected)
+    assert np.abs(got - x).max() > 0.1  # the rounding at 1000 really happened
+
+
+def test_fp16_cost_sees_intermediate_rounding_that_ort_cpu_hides():
+    # ORT's CPU provider runs fp16 Convs in fp32 and skips the rounding between them; the measured
+    # cost must not: identity model vs. its fp16 version through a +1000/-1000 detour.
+    x_feeds = [{"x": np.random.default_rng(4).uniform(0, 0.4, size=(1, 4, 8, 8)).astype(np.float32)}]
+    fp16 = _offset_model(F16)
+    ident = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "ident",
+        [helper.make_tensor_value_info("x", FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])]),
+        opset_imports=[helper.make_opsetid("", 22)])
+    native = ort.InferenceSession(fp16.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, x_feeds[0])[0]
+    assert np.abs(native - x_feeds[0]["x"]).max() < 0.01  # what running the fp16 graph directly would report
+    assert measure_cost(ident, fp16, x_feeds)["y"].max_abs > 0.1
+
+
+# -- bf16 -----------------------------------------------------------------------------------------
+
+def test_bf16_keeps_io_types_softmax_fp32_and_rounds_weights_from_fp32():
+    model = conv_softmax_model()
+    mb = apply_precision(model, "bf16")
+    onnx.checker.check_model(mb)
+    assert max(o.version for o in mb.opset_import if o.domain in ("", "ai.onnx")) >= 22  # Conv takes bf16 there
+    assert mb.ir_version >= 10  # what opset 22 needs
+    types = tensor_types(mb)
+    assert [i.type.tensor_type.elem_type for i in mb.graph.input] == [FLOAT]
+    assert [o.type.tensor_type.elem_type for o in mb.graph.output] == [FLOAT]
+    sm = node(mb, "softmax")
+    assert types[sm.input[0]] == FLOAT and types[sm.output[0]] == FLOAT
+    assert types[node(mb, "conv1").output[0]] == BF16
+    assert not any(t == F16 for t in types.values())
+    w2 = numpy_helper.to_array(next(t for t in mb.graph.initializer if t.name == "w2"))
+    original = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "w2"))
+    np.testing.assert_array_equal(w2.astype(np.float32), original.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_bf16_costs_more_than_fp16():
+    model, data = conv_softmax_model(), feeds(2, (2, 3, 16, 16), seed=5)
+    c16 = measure_cost(model, apply_precision(model, "fp16"), data)["y"]
+    cb16 = measure_cost(model, apply_precision(model, "bf16"), data)["y"]
+    assert cb16.median_abs > 2 * c16.median_abs > 0  # 8 mantissa bits against 11
+
+
+# -- keep_fp32 ------------------------------------------------------------------------------------
+
+def test_keep_fp32_by_node_name_and_pattern():
+    model = conv_softmax_model()
+    for entry in ("conv2", "conv[2]", "*2"):
+        types = tensor_types(apply_precision(model, "fp16", keep_fp32=["Softmax", entry]))
+        assert types["w2"] == FLOAT and types["w1"] == F16, entry
+
+
+def test_default_keep_fp32_has_a_reason_for_each_entry():
+    assert "Softmax" in DEFAULT_KEEP_FP32
+    assert all(KEEP_FP32_REASONS[e].strip() for e in DEFAULT_KEEP_FP32)
+
+
+def test_check_keep_fp32_names_the_bad_entry():
+    model = conv_softmax_model()
+    check_keep_fp32([model], ["Softmax", "conv1", "conv*"])
+    with pytest.raises(SpecError, match=r"keep_fp32\[1\]: 'relu_1'.*did you mean 'relu1'"):
+        check_keep_fp32([model], ["Softmax", "relu_1"])
+
+
+def test_unknown_precision_and_int8_without_calibration_are_spec_errors():
+    with pytest.raises(SpecError, match="engine.precision.*did you mean 'fp16'"):
+        apply_precision(conv_softmax_model(), "fp61")
+    with pytest.raises(SpecError, match="engine.calibration"):
+        apply_precision(conv_softmax_model(), "int8")
+
+
+# -- int8 -----------------------------------------------------------------------------------------
+
+def test_int8_is_symmetric_per_channel_qdq_and_skips_kept_ops(tmp_path):
+    model = conv_softmax_model()
+    q = apply_precision(model, "int8", calibration=random_calibration(tmp_path))
+    onnx.checker.check_model(q)
+    ops = [n.op_type for n in q.graph.node]
+    assert ops.count("QuantizeLinear") >= 2 and ops.count("DequantizeLinear") >= 4
+    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    zero_points = {k: v for k, v in inits.items() if k.endswith("zero_point")}
+    assert zero_points and all(v.dtype == np.int8 and not v.any() for v in zero_points.values())
+    w2_scale = next(v for k, v in inits.items() if k.startswith("w2") and k.endswith("scale"))
+    assert w2_scale.shape == (16,)  # one scale per output channel
+    assert q.graph.initializer and {"b1"} <= {t.name for t in q.graph.initializer if t.data_type == FLOAT}  # fp32 bias
+    producers = {o: n for n in q.graph.node for o in n.output}
+    sm = node(q, "softmax")
+    assert producers[sm.input[0]].op_type != "DequantizeLinear"  # Softmax sees fp32, not int8
+    assert [o.type.tensor_type.elem_type for o in q.graph.output] == [FLOAT]
+
+
+def test_int8_costs_more_than_fp16(tmp_path):
+    model, data = conv_softmax_model(), feeds(2, (2, 3, 16, 16), seed=6)
+    c16 = measure_cost(model, apply_precision(model, "fp16"), data)["y"]
+    c8 = measure_cost(model, apply_precision(model, "int8", calibration=random_calibration(tmp_path)), data)["y"]
+    assert c8.max_abs > c16.max_abs and c8.median_abs > c16.median_abs
+
+
+@pytest.fixture
+def calibrations(monkeypatch):
+    """Counts calibration runs: ONNX Runtime creates one calibrator per run, none on a cache hit."""
+    runs = []
+    real = ort_quantize.create_calibrator
+
+    def counting(*args, **kwargs):
+        runs.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort_quantize, "create_calibrator", counting)
+    return runs
+
+
+def test_calibration_cache_hit_skips_calibration(tmp_path, calibrations):
+    model, settings = conv_softmax_model(), random_calibration(tmp_path)
+    first = apply_precision(model, "int8", calibration=settings)
+    assert len(calibrations) == 1
+    entries = list((tmp_path / "calib").glob("*.json"))
+    assert len(entries) == 1
+    again = apply_precision(model, "int8", calibration=settings)
+    assert len(calibrations) == 1  # ranges came from the cache
+    assert again.SerializeToString() == first.SerializeToString()
+    apply_precision(model, "int8", calibration=random_calibration(tmp_path, seed=1))  # other data
+    assert len(calibrations) == 2 and len(list((tmp_path / "calib").glob("*.json"))) == 2
+    apply_precision(conv_softmax_model(seed=1), "int8", calibration=settings)  # other weights
+    assert len(calibrations) == 3
+    apply_precision(model, "int8", calibration=random_calibration(tmp_path, method="entropy"))
+    assert len(calibrations) == 4
+
+
+def test_corrupt_calibration_cache_entry_is_a_miss(tmp_path, calibrations):
+    model, settings = conv_softmax_model(), random_calibration(tmp_path)
+    first = apply_precision(model, "int8", calibration=settings)
+    (entry,) = (tmp_path / "calib").glob("*.json")
+    good = entry.read_text()
+    assert json.loads(good)
+    entry.write_text("{ not json")
+    again = apply_precision(model, "int8", calibration=settings)
+    assert len(calibrations) == 2  # calibrated again instead of reading the broken entry
+    assert entry.read_text() == good  # rewritten whole, with the same ranges
+    assert again.SerializeToString() == first.SerializeToString()
+
+
+# -- calibration data -----------------------------------------------------------------------------
+
+def test_folder_reader_reads_samples_in_name_order_with_a_content_digest(tmp_path):
+    rng = np.random.default_rng(7)
+    arrays = [rng.uniform(-1, 1, size=(3, 16, 16)) for _ in range(3)]  # no batch axis, float64
+    for i, a in enumerate(arrays):
+        np.savez(tmp_path / f"s{i}.npz", x=a)
+    settings = CalibrationSettings(data=tmp_path, cache=tmp_path / "c", samples=2)
+    reader = reader_for(conv_softmax_model(), settings)
+    got = [reader.get_next(), reader.get_next(), reader.get_next()]
+    assert got[2] is None and reader.reads == 2 and len(reader) == 2
+    for g, a in zip(got[:2], arrays):
+        assert g["x"].dtype == np.float32 and g["x"].shape == (1, 3, 16, 16)
+        np.testing.assert_array_equal(g["x"][0], a.astype(np.float32))
+    before = reader.digest
+    np.savez(tmp_path / "s1.npz", x=arrays[1] + 1)
+    assert reader_for(conv_softmax_model(), settings).digest != before
+    np.savez(tmp_path / "s2.npz", x=arrays[2] + 1)  # beyond `samples`: not part of the data
+    assert reader_for(conv_softmax_model(), settings).digest == reader_for(conv_softmax_model(), settings).digest
+
+
+def test_folder_reader_errors_name_the_file(tmp_path):
+    np.savez(tmp_path / "bad.npz", x=np.zeros((1, 3, 8, 8), np.float32) + 0.5)
+    reader = reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path, cache=tmp_path / "c"))
+    with pytest.raises(SpecError, match=r"bad\.npz.*'x' has shape \(1, 3, 8, 8\).*\[N, 3, 16, 16\]"):
+        reader.get_next()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SpecError, match="no .npz or .npy files in .*empty"):
+        reader_for(conv_softmax_model(), CalibrationSettings(data=empty, cache=tmp_path / "c"))
+    with pytest.raises(SpecError, match="does not exist"):
+        reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path / "missing", cache=tmp_path / "c"))
+
+
+def test_random_reader_is_seeded_and_in_range(tmp_path):
+    settings = random_calibration(tmp_path, samples=2)
+    a = reader_for(conv_softmax_model(), settings).get_next()["x"]
+    b = reader_for(conv_softmax_model(), settings).get_next()["x"]
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (1, 3, 16, 16) and a.dtype == np.float32 and -1 <= a.min() < a.max() <= 1
+    other = reader_for(conv_softmax_model(), random_calibration(tmp_path, seed=9)).get_next()["x"]
+    assert not np.array_equal(a, other)
+
+
+# -- synthetic YOLOv8n ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def yolo():
+    from deepjit_compiler.model.synth import synthesize_yolov8
+
+    model = synthesize_yolov8("yolov8n", seed=0, batch=None)
+    rng = np.random.default_rng(11)
+    data = [{"images": rng.uniform(0, 1, size=(1, 3, 640, 640)).astype(np.float32)} for _ in range(2)]
+    return model, data
+
+
+DFL = ("/model.22/dfl/Softmax", "/model.22/dfl/conv/Conv")
+
+
+@pytest.mark.slow
+def test_yolov8n_fp16_keeps_io_and_dfl_in_fp32_and_reports_its_cost(yolo):
+    model, data = yolo
+    m16 = apply_precision(model, "fp16")
+    onnx.checker.check_model(m16)
+    types = tensor_types(m16)
+    assert types["images"] == FLOAT and types["output0"] == FLOAT
+    for name in DFL:
+        n = node(m16, name)
+        assert all(types[t] == FLOAT for t in (*n.input, *n.output) if t), name
+    assert types[node(m16, "/model.0/conv/Conv").output[0]] == F16
+    cost = measure_cost(model, m16, data)["output0"]
+    assert 0 < cost.median_abs < 1e-3  # boxes are in pixels (up to 640), scores in [0, 1]
+
+
+@pytest.mark.slow
+def test_yolov8n_int8_costs_more_than_fp16(yolo, tmp_path):
+    model, data = yolo
+    settings = CalibrationSettings(data="random", cache=tmp_path / "calib", samples=4, ranges={"images": (0.0, 1.0)})
+    q = apply_precision(model, "int8", calibration=settings)
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] in node(q, DFL[0]).output for n in q.graph.node)
+    producers = {o: n for n in q.graph.node for o in n.output}
+    assert node(q, DFL[1]).input[1] not in producers  # the DFL weights: the fp32 initializer, no DequantizeLinear
+    c8 = measure_cost(model, q, data)["output0"]
+    c16 = measure_cost(model, apply_precision(model, "fp16"), data)["output0"]
+    assert c8.median_abs > c16.median_abs > 0 and c8.max_abs > c16.max_abs
+
+
+def test_calibration_settings_from_spec(write_spec):
+    from deepjit_compiler.spec.load import load_spec
+
+    int8 = "  precision: int8\n  calibration: {data: random, cache: calib, samples: 3}\n"
+    path = write_spec({"  precision: fp16": int8 + "  # was",
+                       "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 255.0]}"})
+    spec = load_spec(path).spec
+    s = CalibrationSettings.from_spec(spec)
+    assert (s.data, s.samples, s.cache) == ("random", 3, path.parent / "calib")
+    assert s.ranges == {"images": (0.0, 255.0)} and s.seed == spec.validation.seed
+    assert s.shapes == {"images": spec.inputs["images"].min_shape}
+    assert CalibrationSettings.from_spec(load_spec(write_spec()).spec) is None

@@ -1,0 +1,469 @@
+"""The three JIT kernels on a GPU against ONNX Runtime on their references, through Polygraphy's
+Comparator: yolov8_decode against the subgraph surgery cuts out of a synthetic YOLOv8, nms and
+letterbox against references.py's graphs. Each runs as the T4 build (sm_75, loaded through its
+PTX, since an sm_75 cubin cannot load on a newer GPU) and as a build for this GPU (its cubin).
+
+Inputs are fresh seeded head maps with a realistic score sparsity (a few percent of anchors above
+0.25, clustered around objects so NMS has work). Outputs are poisoned (0xFF, NaN for floats) before
+every launch, so an element the kernel forgot to write fails the comparison.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from functools import lru_cache
+
+import numpy as np
+import onnx
+import onnx.compose
+import pytest
+
+from deepjit_compiler.runtime import gpu as gpu_mod
+from deepjit_compiler.errors import KernelError
+from deepjit_compiler.runtime.launch import ContractKernel, Letterbox, Postprocess, decode_input_names
+from deepjit_compiler.jit.nvrtc import compile_site_kernel
+from deepjit_compiler.surgery.references import letterbox_reference, nms_reference
+
+pytestmark = pytest.mark.gpu
+
+polygraphy = pytest.importorskip("polygraphy", reason="the GPU tests compare through Polygraphy")
+from polygraphy.backend.base import BaseRunner  # noqa: E402
+from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx  # noqa: E402
+from polygraphy.common import TensorMetadata  # noqa: E402
+from polygraphy.comparator import Comparator  # noqa: E402
+from polygraphy.comparator.compare import SimpleCompareFunc  # noqa: E402
+
+NC, REG, STRIDES = 80, 16, (8, 16, 32)
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    if not gpu_mod.available():
+        pytest.skip("needs an NVIDIA GPU")
+    return gpu_mod.Gpu()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernel-cache")
+
+
+@pytest.fixture(params=["t4-ptx", "native-cubin"])
+def target(request, gpu):
+    """(sm to build for, how to load it): the T4 build through its PTX, this GPU's through its cubin."""
+    return (75, "ptx") if request.param == "t4-ptx" else (gpu.sm, "cubin")
+
+
+@lru_cache(maxsize=None)
+def decode_site(head_layout: str = "separate", dynamic: bool = False):
+    """(reference subgraph, facts) of the decode cut from a synthetic YOLOv8n."""
+    from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
+    from deepjit_compiler.surgery.cut import plan_from_model
+    from deepjit_compiler.model.synth import synthesize_yolov8
+
+    model = synthesize_yolov8("yolov8n", seed=0, dynamic=dynamic, head_layout=head_layout)
+    plan = plan_from_model(model, [CutRequest("decode", preset="yolov8_decode", kernels=[KernelRequest("yolov8_decode")])])
+    site = plan.sites[0]
+    return site.reference, dict(site.facts)
+
+
+def build(contract: str, params: dict, facts: dict, target, cache):
+    sm, _ = target
+    return compile_site_kernel(contract, params, facts, sm=sm, cache_dir=cache)
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+def head_maps(rng: np.random.Generator, batch: int, size=(640, 640), dtype=np.float32) -> list[dict[str, np.ndarray]]:
+    """Per level {box, cls} maps like a trained head's on a real image: class logits low (~0 score)
+    except in 3x3 patches around objects, DFL logits biased toward low bins (boxes a few strides)."""
+    levels = []
+    for s in STRIDES:
+        h, w = size[0] // s, size[1] // s
+        cls = rng.normal(-6.0, 1.2, (batch, NC, h, w))
+        ramp = -0.6 * np.arange(REG)
+        box = np.tile(ramp, 4)[None, :, None, None] + rng.normal(0.0, 1.0, (batch, 4 * REG, h, w))
+        levels.append({"box": box, "cls": cls})
+    anchors = sum(lv["cls"].shape[2] * lv["cls"].shape[3] for lv in levels)
+    for b in range(batch):
+        for _ in range(anchors // 250):
+            lv = levels[rng.choice(3, p=[0.7, 0.2, 0.1])]
+            h, w = lv["cls"].shape[2:]
+            y, x, c = rng.integers(0, h), rng.integers(0, w), rng.integers(0, NC)
+            ys, xs = slice(max(0, y - 1), y + 2), slice(max(0, x - 1), x + 2)
+            patch = lv["cls"][b, c, ys, xs]
+            lv["cls"][b, c, ys, xs] = rng.normal(0.8, 1.2, patch.shape)
+    return [{k: v.astype(dtype) for k, v in lv.items()} for lv in levels]
+
+
+def site_feed(maps, facts) -> dict[str, np.ndarray]:
+    """Reference feed: site tensor names -> maps (the reference graph is fp32)."""
+    names = decode_input_names(facts)
+    return {names[f"{role}_{i}"]: lv[role].astype(np.float32) for i, lv in enumerate(maps) for role in ("box", "cls")}
+
+
+def score_fraction(maps) -> float:
+    best = np.concatenate([lv["cls"].astype(np.float32).max(axis=1).reshape(lv["cls"].shape[0], -1) for lv in maps], 1)
+    return float((1 / (1 + np.exp(-best)) > 0.25).mean())
+
+
+# --- runners ------------------------------------------------------------------------------------
+
+
+class Runner(BaseRunner):
+    """A Polygraphy runner around `feed -> outputs` (a kernel on the GPU, or chained references)."""
+
+    def __init__(self, fn, name: str):
+        super().__init__(name=name)
+        self._fn, self.meta = fn, TensorMetadata()
+
+    def get_input_metadata_impl(self):
+        return self.meta  # the Comparator feeds a runner only the inputs its metadata lists
+
+    def infer_impl(self, feed_dict):
+        start = time.perf_counter()
+        out = OrderedDict((k, np.asarray(v)) for k, v in self._fn(feed_dict).items())
+        self.inference_time = time.perf_counter() - start
+        return out
+
+
+def ort_runner(model: onnx.ModelProto, name: str) -> OnnxrtRunner:
+    return OnnxrtRunner(SessionFromOnnx(model.SerializeToString(), providers=["CPUExecutionProvider"]), name=name)
+
+
+def run_both(reference, candidate, feeds):
+    """Comparator.run over the feeds; returns (results, per-iteration outputs of each runner)."""
+    for name, value in feeds[0].items():
+        candidate.meta.add(name, value.dtype, [-1] * value.ndim)
+    results = Comparator.run([reference, candidate], data_loader=feeds)
+    (_, ref_iters), (_, test_iters) = results
+    return results, ref_iters, test_iters
+
+
+def decode_runner(gpu, compiled, facts, load, *, form="per_level", dtype=np.float32, extra_dims=None):
+    kernel = ContractKernel(gpu, compiled, load)
+    names = decode_input_names(facts)
+
+    def run(feed):
+        host = {k: feed[v].astype(dtype) for k, v in names.items()}
+        if form == "concatenated":
+            flat = [np.concatenate([host[f"box_{i}"], host[f"cls_{i}"]], 1).reshape(host["box_0"].shape[0], 4 * REG + NC, -1)
+                    for i in range(3)]
+            host = {"x": np.concatenate(flat, axis=2)}
+        inputs = {k: gpu.upload(v) for k, v in host.items()}
+        dims = kernel.bind(inputs, extra_dims)
+        outs = kernel.allocate_outputs(dims)
+        gpu.fill(outs["output0"], 0xFF)
+        kernel.launch({**inputs, **outs}, dims)
+        return {"output0": gpu.download(outs["output0"])}
+
+    return Runner(run, f"deepjit-decode-{compiled.arch}-{load}")
+
+
+def assert_close(results, atol, rtol):
+    verdict = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol))
+    assert bool(verdict), "kernel output differs from ONNX Runtime on the reference (see Polygraphy's log above)"
+
+
+# --- decode -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("head_layout", ["separate", "split"])
+def test_decode_output0_matches_cut_subgraph(gpu, target, cache, batch, head_layout):
+    ref, facts = decode_site(head_layout)
+    rng = np.random.default_rng([batch, len(head_layout)])
+    feeds = [site_feed(head_maps(rng, batch), facts) for _ in range(2)]
+    compiled = build("yolov8_decode", {"mode": "output0"}, facts, target, cache)
+    results, ref_out, test_out = run_both(ort_runner(ref, "onnxrt-cut-subgraph"),
+                                          decode_runner(gpu, compiled, facts, target[1]), feeds)
+    assert not np.isnan(test_out[0]["output0"]).any()
+    assert_close(results, atol=2e-3, rtol=1e-5)
+
+
+def test_decode_concatenated_form(gpu, target, cache):
+    ref, facts = decode_site()
+    rng = np.random.default_rng(7)
+    feeds = [site_feed(head_maps(rng, 3), facts)]
+    compiled = build("yolov8_decode", {"mode": "output0", "input_form": "concatenated", "anchors_per_thread": 2},
+                     facts, target, cache)
+    results, _, _ = run_both(ort_runner(ref, "onnxrt-cut-subgraph"),
+                             decode_runner(gpu, compiled, facts, target[1], form="concatenated"), feeds)
+    assert_close(results, atol=2e-3, rtol=1e-5)
+
+
+def test_decode_fp16_inputs(gpu, target, cache):
+    ref, facts = decode_site()
+    rng = np.random.default_rng(16)
+    maps = head_maps(rng, 2, dtype=np.float16)  # fp16 values, fed to the fp32 reference exactly
+    compiled = build("yolov8_decode", {"mode": "output0", "dtype": "float16", "anchors_per_thread": 8}, facts, target, cache)
+    results, _, _ = run_both(ort_runner(ref, "onnxrt-cut-subgraph"),
+                             decode_runner(gpu, compiled, facts, target[1], dtype=np.float16), [site_feed(maps, facts)])
+    assert_close(results, atol=2e-3, rtol=1e-5)
+
+
+def test_decode_dynamic_sizes_compute_anchors_in_kernel(gpu, cache):
+    ref, facts = decode_site(dynamic=True)
+    assert facts["anchors_source"] == "computed"
+    compiled = build("yolov8_decode", {"mode": "output0"}, facts, (gpu.sm, "cubin"), cache)
+    rng = np.random.default_rng(384)
+    feeds = [site_feed(head_maps(rng, 2, size=(384, 640)), facts), site_feed(head_maps(rng, 1, size=(224, 96)), facts)]
+    results, _, test_out = run_both(ort_runner(ref, "onnxrt-cut-subgraph"), decode_runner(gpu, compiled, facts, "cubin"),
+                                    feeds)
+    assert test_out[0]["output0"].shape == (2, 84, 48 * 80 + 24 * 40 + 12 * 20)
+    assert test_out[1]["output0"].shape == (1, 84, 28 * 12 + 14 * 6 + 7 * 3)  # groups straddle levels here
+    assert_close(results, atol=2e-3, rtol=1e-5)
+
+
+# --- decode -> nms ------------------------------------------------------------------------------
+
+
+def match_detections(ref, test, *, min_iou=0.99, score_atol=1e-4) -> tuple[int, int]:
+    """Per image: same count, every reference detection matched to a distinct test detection of the
+    same class with IoU >= min_iou and a close score. Returns (detections, images)."""
+    total = 0
+    for b in range(len(ref["num_dets"])):
+        n, m = int(ref["num_dets"][b]), int(test["num_dets"][b])
+        assert n == m, f"image {b}: {m} detections, reference has {n}"
+        free = np.ones(n, bool)
+        tb, ts, tc = test["boxes"][b, :n], test["scores"][b, :n], test["classes"][b, :n]
+        for i in range(n):
+            rb = ref["boxes"][b, i]
+            iw = np.clip(np.minimum(rb[2], tb[:, 2]) - np.maximum(rb[0], tb[:, 0]), 0, None)
+            ih = np.clip(np.minimum(rb[3], tb[:, 3]) - np.maximum(rb[1], tb[:, 1]), 0, None)
+            inter = iw * ih
+            iou = inter / ((rb[2] - rb[0]) * (rb[3] - rb[1]) + (tb[:, 2] - tb[:, 0]) * (tb[:, 3] - tb[:, 1]) - inter)
+            ok = free & (tc == ref["classes"][b, i]) & (np.abs(ts - ref["scores"][b, i]) <= score_atol)
+            iou = np.where(ok, iou, -1)
+            j = int(np.argmax(iou))
+            assert iou[j] >= min_iou, f"image {b}: reference detection {i} {rb} (class {ref['classes'][b, i]}) unmatched"
+            free[j] = False
+        rows = test["scores"].shape[1]
+        if m < rows:  # rows past num_dets are zero
+            assert not test["boxes"][b, m:].any() and not test["scores"][b, m:].any() and not test["classes"][b, m:].any()
+        total += n
+    return total, len(ref["num_dets"])
+
+
+def merged_reference(decode_ref: onnx.ModelProto, nms_ref: onnx.ModelProto) -> onnx.ModelProto:
+    a, b = onnx.ModelProto(), onnx.ModelProto()
+    a.CopyFrom(decode_ref)
+    b.CopyFrom(nms_ref)
+    a.ir_version = b.ir_version = max(a.ir_version, b.ir_version)
+    return onnx.compose.merge_models(a, b, io_map=[("output0", "output0")])
+
+
+def postprocess_runner(gpu, decode, nms, facts, load):
+    names = decode_input_names(facts)
+    state = {}
+
+    def run(feed):
+        inputs = {k: gpu.upload(np.ascontiguousarray(feed[v])) for k, v in names.items()}
+        key = tuple(a.shape for a in inputs.values())
+        if state.get("key") != key:
+            state["post"], state["key"] = Postprocess(gpu, decode, nms, inputs, load), key
+        post = state["post"]
+        for name, arr in inputs.items():
+            gpu.upload(np.ascontiguousarray(feed[names[name]]), out=post.inputs[name])
+        for arr in post.outputs.values():
+            gpu.fill(arr, 0xFF)
+        assert post.launch() == 2  # decode + nms, no memset launch
+        return post.results()
+
+    return Runner(run, f"deepjit-decode-nms-{decode.arch}-{load}")
+
+
+NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 20},
+             "block1024-chunk512": {"block": 1024, "chunk": 512},
+             "agnostic-maxdet20-chunk512": {"agnostic": True, "max_det": 20, "block": 1024, "chunk": 512}}
+DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
+               "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4}}
+
+
+def skip_if_chunk_too_big(params, target):
+    if params.get("chunk", 256) > 256 and target[0] < 80:
+        pytest.skip(f"nms chunk {params['chunk']} needs more shared memory than sm_{target[0]} allows a block")
+
+
+@pytest.mark.parametrize("decode_way", list(DECODE_WAYS))
+@pytest.mark.parametrize("case", list(NMS_CASES))
+@pytest.mark.parametrize("batch", [1, 8])
+def test_decode_then_nms_match_reference_detections(gpu, target, cache, batch, case, decode_way):
+    ref, facts = decode_site()
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False, **NMS_CASES[case]}
+    skip_if_chunk_too_big(params, target)
+    decode = build("yolov8_decode", {"mode": "candidates", "conf_threshold": params["conf_threshold"],
+                                     **DECODE_WAYS[decode_way]}, facts, target, cache)
+    nms = build("nms", params, facts, target, cache)
+    rng = np.random.default_rng([batch, len(case)])
+    maps = [head_maps(rng, batch) for _ in range(3)]
+    assert all(0.01 < score_fraction(m) < 0.08 for m in maps), [score_fraction(m) for m in maps]
+    semantics = {k: v for k, v in params.items() if k not in ("block", "chunk")}  # how the kernel runs, not what it computes
+    reference = ort_runner(merged_reference(ref, nms_reference(NC, **semantics)), "onnxrt-cut-subgraph+nms-reference")
+    _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, decode, nms, facts, target[1]),
+                                        [site_feed(m, facts) for m in maps])
+    for r, t in zip(ref_iters, test_iters):
+        total, images = match_detections(r, t)
+        assert total >= images * min(params["max_det"], 5)  # the NMS had real work in every image
+
+
+def candidates_from_output0(output0: np.ndarray, conf: float, capacity: int):
+    """Host-side candidates from output0 with the reference's float32 ops, in a shuffled order
+    (the decode appends in whatever order its warps arrive)."""
+    rng = np.random.default_rng(0)
+    batch, _, anchors = output0.shape
+    out = {"cand_count": np.zeros(batch, np.int32), "cand_boxes": np.zeros((batch, capacity, 4), np.float32),
+           "cand_scores": np.zeros((batch, capacity), np.float32), "cand_classes": np.zeros((batch, capacity), np.int32),
+           "cand_index": np.zeros((batch, capacity), np.int32)}
+    for b in range(batch):
+        pred = output0[b].T                                   # [A, 4 + nc]
+        best, cls = pred[:, 4:].max(axis=1), pred[:, 4:].argmax(axis=1)
+        idx = rng.permutation(np.flatnonzero(best > np.float32(conf)))
+        half = pred[idx, 2:4] / np.float32(2)
+        n = len(idx)
+        out["cand_count"][b] = n
+        out["cand_boxes"][b, :n] = np.concatenate([pred[idx, :2] - half, pred[idx, :2] + half], axis=1)
+        out["cand_scores"][b, :n], out["cand_classes"][b, :n], out["cand_index"][b, :n] = best[idx], cls[idx], idx
+    return out
+
+
+def detections(rng, batch: int, anchors: int, logit_mean: float, classes: int = NC) -> np.ndarray:
+    """output0 [batch, 4 + NC, anchors]: boxes around 40 centres per image; only the first `classes`
+    classes can score above the threshold."""
+    centres = rng.uniform(20, 600, size=(batch, 2, 40))
+    pick = rng.integers(0, 40, size=(batch, anchors))
+    cxcy = np.take_along_axis(centres, pick[:, None, :].repeat(2, 1), axis=2) + rng.normal(0, 6, (batch, 2, anchors))
+    wh = rng.uniform(10, 80, size=(batch, 2, anchors))
+    logits = rng.normal(logit_mean, 1.5, size=(batch, NC, anchors))
+    logits[:, classes:] -= 20.0
+    return np.concatenate([cxcy, wh, 1 / (1 + np.exp(-logits))], axis=1).astype(np.float32)
+
+
+def check_nms_alone(gpu, kernel, x, cands, params) -> int:
+    """Run the nms kernel on candidates made from output0 `x`; its detections must be the ONNX
+    reference's exactly (same boxes, scores and classes), and its counters reset. Returns how many."""
+    inputs = {k: gpu.upload(v) for k, v in cands.items()}
+    dims = kernel.bind(inputs)
+    outs = kernel.allocate_outputs(dims)
+    for arr in outs.values():
+        gpu.fill(arr, 0xFF)
+    kernel.launch({**inputs, **outs, "workspace": kernel.workspace(dims)}, dims)
+    got = {k: gpu.download(v) for k, v in outs.items()}
+    sess = SessionFromOnnx(nms_reference(NC, **params).SerializeToString(), providers=["CPUExecutionProvider"])()
+    want = dict(zip(["num_dets", "boxes", "scores", "classes"], sess.run(None, {"output0": x})))
+    total, _ = match_detections(want, got, min_iou=0.999999, score_atol=0.0)  # same boxes: exact
+    assert not gpu.download(inputs["cand_count"]).any()  # counters reset for the next decode
+    return total
+
+
+@pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
+@pytest.mark.parametrize("agnostic, logit_mean, classes, what", [
+    (False, -4.8, 3, "about 170 boxes in 3 classes: big class groups"),
+    (True, -7.3, NC, "about 14 boxes, agnostic"),
+    (True, -6.4, NC, "about 140 boxes, agnostic: one group")])
+def test_nms_alone_crowded_classes_and_agnostic(gpu, target, cache, block, chunk, agnostic, logit_mean, classes, what):
+    anchors = 8400
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": agnostic}
+    skip_if_chunk_too_big({"chunk": chunk}, target)
+    nms = build("nms", {**params, "max_candidates": anchors, "block": block, "chunk": chunk}, {}, target, cache)
+    rng = np.random.default_rng([block, classes, int(-logit_mean * 10)])
+    x = detections(rng, 4, anchors, logit_mean, classes)
+    cands = candidates_from_output0(x, params["conf_threshold"], anchors)
+    counts = cands["cand_count"]
+    if "14 boxes" in what:
+        assert 3 <= counts.min() and counts.max() <= 32, counts
+    else:
+        assert 100 < counts.min() and counts.max() <= min(block, chunk), counts  # one chunk, bucket sort
+    assert check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params) >= 4
+
+
+@pytest.mark.parametrize("block, chunk", [(128, 256), (512, 256), (1024, 256), (512, 512), (1024, 512), (1024, 1024)])
+@pytest.mark.parametrize("logit_mean, what", [(-6.0, "hundreds of candidates: bucket sort, one or two chunks"),
+                                              (-5.5, "about a thousand: shared-memory bitonic sort"),
+                                              (-3.5, "thousands of candidates: workspace sort")])
+def test_nms_alone_on_reference_output0(gpu, target, cache, logit_mean, what, block, chunk):
+    anchors = 8400
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300}
+    skip_if_chunk_too_big({"chunk": chunk}, target)
+    nms = build("nms", {**params, "max_candidates": anchors, "block": block, "chunk": chunk}, {}, target, cache)
+    kernel = ContractKernel(gpu, nms, target[1])
+    rng = np.random.default_rng(int(-logit_mean * 10))
+    x = detections(rng, 4, anchors, logit_mean)
+    cands = candidates_from_output0(x, params["conf_threshold"], anchors)
+    counts = cands["cand_count"]
+    if "hundreds" in what:
+        assert 256 < counts.min() and counts.max() <= 512  # the bucket sort where block >= count; two chunks of 256
+    elif "thousand:" in what:
+        assert 1024 < counts.min() and counts.max() <= 2048  # past every block, within sort_capacity
+    else:
+        assert counts.min() > 2048  # past sort_capacity
+    assert check_nms_alone(gpu, kernel, x, cands, params) > 4 * 20
+
+
+def test_graph_replay_matches_plain_launches(gpu, cache):
+    _, facts = decode_site()
+    target = (gpu.sm, "cubin")
+    decode = build("yolov8_decode", {"mode": "candidates"}, facts, target, cache)
+    nms = build("nms", {}, facts, target, cache)
+    rng = np.random.default_rng(99)
+    batches = [head_maps(rng, 4) for _ in range(3)]
+    host = lambda maps: {f"{r}_{i}": lv[r] for i, lv in enumerate(maps) for r in ("box", "cls")}  # noqa: E731
+    post = Postprocess(gpu, decode, nms, {k: gpu.upload(v) for k, v in host(batches[0]).items()})
+    plain = []
+    for maps in batches:
+        for k, v in host(maps).items():
+            gpu.upload(v, out=post.inputs[k])
+        post.launch()
+        plain.append(post.results())
+    graph = gpu.capture(post.launch)
+    for maps, want in zip(batches * 2, plain * 2):  # twice round: the counters reset every replay
+        for k, v in host(maps).items():
+            gpu.upload(v, out=post.inputs[k])
+        for arr in post.outputs.values():
+            gpu.fill(arr, 0xFF)
+        graph.replay()
+        got = post.results()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert all(p["num_dets"].min() > 0 for p in plain)  # every image had detections to compare
+
+
+def test_sm75_cubin_does_not_load_on_a_newer_gpu(gpu, cache):
+    if gpu.sm == 75:
+        pytest.skip("this GPU is sm_75: its cubin loads")
+    k = compile_site_kernel("letterbox", {}, {}, sm=75, cache_dir=cache)
+    with pytest.raises(KernelError, match=r"cubin is for sm_75.*load its PTX"):
+        gpu.load(k, prefer="cubin")
+    assert gpu.load(k).code_type == "ptx"
+
+
+# --- letterbox ----------------------------------------------------------------------------------
+
+
+def letterbox_runner(gpu, compiled, load):
+    def run(feed):
+        raw = gpu.upload(feed["raw_images"])
+        lb = Letterbox(gpu, compiled, raw, load)
+        for arr in lb.outputs.values():
+            gpu.fill(arr, 0xFF)
+        lb.launch()
+        return lb.results()
+
+    return Runner(run, f"deepjit-letterbox-{compiled.arch}-{load}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("batch, hw", [(1, (480, 640)), (8, (375, 500)), (1, (1080, 1920)), (8, (640, 427))])
+def test_letterbox_matches_reference(gpu, target, cache, batch, hw, dtype):
+    params = {"size": 640, "dtype": dtype, "swap_rb": True, "pad_value": 114}
+    compiled = build("letterbox", params, {}, target, cache)
+    rng = np.random.default_rng([batch, *hw])
+    feeds = [{"raw_images": rng.integers(0, 256, (batch, *hw, 3), dtype=np.uint8)}]
+    results, ref_out, test_out = run_both(ort_runner(letterbox_reference(**params), "onnxrt-letterbox-reference"),
+                                          letterbox_runner(gpu, compiled, target[1]), feeds)
+    np.testing.assert_array_equal(test_out[0]["ratio_pad"], ref_out[0]["ratio_pad"])
+    assert_close(results, atol=1e-5 if dtype == "float32" else 1e-3, rtol=0.0)

@@ -1,0 +1,645 @@
+"""The runtime without a GPU: manifest layout, phases and copies, buckets, input checks, cubin/PTX
+choice, and the whole call path of `Pipeline` on a host-memory fake device (real ONNX Runtime
+engine, real staging and copies; the kernels are recorded, and emulated where a test says how),
+plus `deepjit run`/`bench`'s input loading, box mapping and JSON.
+
+Bundles are real: a yolov8n variant of pipelines/yolov8_t4.yaml, and one with a letterbox stage.
+"""
+from __future__ import annotations
+
+import ctypes
+import copy
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from deepjit_compiler.runtime import hostmem, pipeline as runtime, run as runbundle
+from deepjit_compiler.bundle.folder import read_bundle
+from deepjit_compiler.errors import BundleError, KernelError, MissingDependency, RuntimeInputError
+from deepjit_compiler.runtime.pipeline import CountingGpu, Pipeline, compiled_from_manifest
+from deepjit_compiler.runtime.code import choose_code
+from deepjit_compiler.runtime.inputs import bucket_for
+from deepjit_compiler.runtime.layout import Layout
+
+from conftest import REPO, YOLOV8N_T4
+
+YOLOV8N = {old: new for old, new in YOLOV8N_T4.items() if not new.startswith("path: out/")}  # out/<name> here
+LETTERBOX = {
+    "cuts:\n": "cuts:\n  - name: letterbox\n    add: before\n    at: images\n    kernels:\n"
+               "      - contract: letterbox\n        params: {size: 640}\n",
+    "inputs:\n  images:": "inputs:\n  raw_images:\n    shape: [batch, height, width, 3]\n    dtype: uint8\n"
+                          "    profile:\n      min: [1, 32, 32, 3]\n      opt: [2, 48, 64, 3]\n"
+                          "      max: [4, 1080, 1920, 3]\n    buckets: [1, 2, 4]\n  images:",
+    "max: [8, 3, 640, 640]": "max: [4, 3, 640, 640]",
+    "buckets: [1, 2, 4, 8]             #": "buckets: [1, 2, 4]             #",
+    "precision: fp16 ": "precision: fp32 ",
+    "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 1.0], raw_images: [0, 255]}",
+}
+HEADS = 80 * 80 + 40 * 40 + 20 * 20     # anchors of a 640x640 YOLOv8 (strides 8, 16, 32)
+
+
+def build_variant(folder: Path, name: str, extra: dict[str, str] | None = None) -> Path:
+    from deepjit_compiler.build import build_pipeline
+
+    text = (REPO / "pipelines" / "yolov8_t4.yaml").read_text()
+    for old, new in {**YOLOV8N, "path: ../build/yolov8s_t4": f"path: out/{name}", **(extra or {})}.items():
+        assert old in text, f"test bug: {old!r} is not in the spec"
+        text = text.replace(old, new)
+    spec = folder / f"{name}.yaml"
+    spec.write_text(text)
+    return build_pipeline(spec, publish=False).bundle.path
+
+
+@pytest.fixture(scope="session")
+def t4_bundle(t4_build) -> Path:
+    return t4_build.bundle.path  # conftest.py's build of the same spec build_variant would write
+
+
+@pytest.fixture(scope="session")
+def lb_bundle(tmp_path_factory) -> Path:
+    return build_variant(tmp_path_factory.mktemp("rt-lb"), "yolov8n_lb", LETTERBOX)
+
+
+@pytest.fixture(scope="session")
+def t4_layout(t4_bundle) -> Layout:
+    return Layout.from_bundle(read_bundle(t4_bundle))
+
+
+def head_names(manifest) -> list[str]:
+    site = next(s for s in manifest["plan"]["steps"] if s["kind"] == "kernel")
+    return [t["name"] for t in site["inputs"]]
+
+
+# ----------------------------------------------------------------------------- a host-memory GPU
+class FakeBuffer:
+    def __init__(self, nbytes: int):
+        self.size = nbytes
+        self._mem = (ctypes.c_uint8 * nbytes)()
+        self.handle = ctypes.addressof(self._mem)
+
+    def close(self, *args):
+        pass
+
+
+class FakeFunction:
+    def __init__(self, contract: str, entry: str):
+        self.contract, self.entry = contract, entry
+
+
+class FakeModule:
+    def __init__(self, contract: str):
+        self.contract = contract
+
+    def kernel(self, entry: str) -> FakeFunction:
+        return FakeFunction(self.contract, entry)
+
+
+class FakeGraph:
+    def __init__(self, gpu, launches):
+        self.gpu, self.launches = gpu, launches
+
+    def replay(self):
+        self.gpu.log.append(("replay", tuple(fn.entry for fn, *_ in self.launches)))
+        for launch in self.launches:
+            self.gpu.execute(*launch)
+
+    def close(self):
+        pass
+
+
+class FakeStream:
+    handle = 0x5EED
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+
+    def sync(self):
+        self.gpu.log.append(("sync",))
+
+
+class FakeGpu(CountingGpu):
+    """Device memory is host memory, copies are memmove, kernels run `hooks[entry]` if given."""
+
+    def __init__(self, sm: int = 90):
+        self.sm, self.name = sm, "Fake GPU"
+        self.device = type("Device", (), {"allocate": lambda _, n, stream=None: FakeBuffer(n)})()
+        self.stream = FakeStream(self)
+        self.allocations = self.allocated_bytes = 0
+        self.log: list[tuple] = []
+        self.loaded: dict[str, str] = {}
+        self.hooks: dict = {}
+        self._capturing = None
+
+    @property
+    def cu_stream(self):
+        return self.stream.handle
+
+    def fill(self, arr, byte):
+        ctypes.memset(arr.ptr, byte, arr.nbytes)
+
+    def load(self, kernel, prefer="auto"):
+        self.loaded[kernel.contract] = prefer
+        return FakeModule(kernel.contract)
+
+    def launch_config(self, grid, block, shared_mem=0, overlap=False):
+        self.log.append(("config", tuple(grid), shared_mem, overlap))
+        return tuple(grid), tuple(block), shared_mem
+
+    def allow_shared(self, fn, dynamic, who):
+        self.log.append(("allow_shared", fn.entry, dynamic))
+
+    def launch_with(self, config, fn, *args):
+        self.launch(fn, *config, *args)
+
+    def launch(self, fn, grid, block, shared_mem, *args):
+        if self._capturing is not None:
+            self._capturing.append((fn, grid, block, args))
+            return
+        self.log.append(("launch", fn.entry, tuple(grid)))
+        self.execute(fn, grid, block, args)
+
+    def execute(self, fn, grid, block, args):
+        if fn.entry in self.hooks:
+            self.hooks[fn.entry](tuple(grid), args)
+
+    def capture(self, body):
+        self._capturing = []
+        body()
+        graph, self._capturing = FakeGraph(self, self._capturing), None
+        self.log.append(("capture",))
+        return graph
+
+    @staticmethod
+    def event():
+        return object()
+
+    @staticmethod
+    def destroy_event(event):
+        pass
+
+    def record(self, event=None):
+        return event
+
+    @staticmethod
+    def elapsed_ms(start, end):
+        return 0.25
+
+
+class FakeDriver:
+    """cuda.bindings.driver's pinned-memory and copy calls over host memory."""
+
+    def __init__(self, log):
+        self.log, self.pinned = log, {}
+
+    def cuMemHostAlloc(self, nbytes, flags):
+        buf = (ctypes.c_uint8 * nbytes)()
+        self.pinned[ctypes.addressof(buf)] = buf
+        return 0, ctypes.addressof(buf)
+
+    def cuMemFreeHost(self, ptr):
+        del self.pinned[ptr]
+        return (0,)
+
+    def cuMemcpyHtoDAsync(self, dst, src, nbytes, stream):
+        ctypes.memmove(dst, src, nbytes)
+        self.log.append(("h2d", nbytes))
+        return (0,)
+
+    def cuMemcpyDtoHAsync(self, dst, src, nbytes, stream):
+        ctypes.memmove(dst, src, nbytes)
+        self.log.append(("d2h", nbytes))
+        return (0,)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """Pipelines load on a FakeGpu (sm_90 by default: a T4 bundle goes through its PTX)."""
+    made: list[FakeGpu] = []
+    state = {"sm": 90}
+
+    def new_gpu():
+        gpu = FakeGpu(state["sm"])
+        monkeypatch.setattr(hostmem, "driver", FakeDriver(gpu.log))
+        made.append(gpu)
+        return gpu
+
+    monkeypatch.setattr(runtime, "_new_gpu", new_gpu)
+    monkeypatch.setattr(runtime, "driver_version", lambda: 13050)
+    return type("Fake", (), {"made": made, "state": state})
+
+
+def device_array(arr, shape=None) -> np.ndarray:
+    """Read a fake device array (host memory) as numpy."""
+    shape = shape or arr.shape
+    n = math.prod(shape) * arr.dtype.itemsize
+    raw = (ctypes.c_uint8 * n).from_address(arr.ptr)
+    return np.frombuffer(raw, np.uint8).view(arr.dtype).reshape(shape).copy()
+
+
+def write_at(ptr: int, values: np.ndarray) -> None:
+    values = np.ascontiguousarray(values)
+    ctypes.memmove(int(ptr), values.ctypes.data, values.nbytes)
+
+
+def images(rng, n) -> np.ndarray:
+    return rng.random((n, 3, 640, 640), dtype=np.float32)
+
+
+def segment_heads(bundle: Path, feed: np.ndarray) -> dict[str, np.ndarray]:
+    """The bundle's engine segment on ONNX Runtime, independently of the runtime."""
+    sess = ort.InferenceSession(str(bundle / "engines/segment.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: feed})))
+
+
+# ----------------------------------------------------------------------------- layout
+def test_layout_of_the_flagship_bundle(t4_bundle, t4_layout):
+    m = read_bundle(t4_bundle).manifest
+    assert [i.name for i in t4_layout.inputs] == ["images"]
+    assert t4_layout.buckets == (1, 2, 4, 8) and t4_layout.max_batch == 8
+    assert [s.kind for s in t4_layout.steps] == ["segment", "kernel", "added"]
+    decode, nms = t4_layout.steps[1], t4_layout.steps[2]
+    assert sorted(decode.reads) == sorted(head_names(m))  # box_i/cls_i bound to the site's head maps
+    assert set(decode.writes) == {"cand_count", "cand_boxes", "cand_scores", "cand_classes", "cand_index"}
+    assert set(nms.reads) == set(decode.writes) and "output0" not in nms.reads  # its reference reads output0
+    assert nms.writes == ("num_dets", "boxes", "scores", "classes")
+
+
+def test_schedule_with_the_engine_on_the_cpu_or_the_gpu(t4_bundle, t4_layout):
+    heads = head_names(read_bundle(t4_bundle).manifest)
+    sched = t4_layout.schedule(engines_on_device=False)
+    assert [(p.where, p.steps) for p in sched.phases] == [("host", ("segment",)), ("device", ("decode", "nms"))]
+    assert sorted(sched.phases[1].upload) == sorted(heads)
+    assert sched.final_download == ("num_dets", "boxes", "scores", "classes")
+    on_gpu = t4_layout.schedule(engines_on_device=True)
+    assert [(p.where, p.steps, p.upload) for p in on_gpu.phases] == \
+        [("device", ("segment", "decode", "nms"), ("images",))]
+
+
+def test_schedule_with_a_letterbox_before_a_cpu_engine(lb_bundle):
+    layout = Layout.from_bundle(read_bundle(lb_bundle))
+    assert [i.name for i in layout.inputs] == ["raw_images"] and layout.buckets == (1, 2, 4)
+    phases = layout.schedule(False).phases
+    assert [(p.where, p.steps) for p in phases] == [("device", ("letterbox",)), ("host", ("segment",)),
+                                                     ("device", ("decode", "nms"))]
+    assert phases[0].upload == ("raw_images",) and phases[1].download == ("images",)
+    assert "ratio_pad" in layout.schedule(False).final_download
+
+
+def test_shapes_at_the_max_batch(t4_layout):
+    shapes = t4_layout.shapes(t4_layout.steps, {"images": (8, 3, 640, 640)}, 8)
+    assert shapes["cand_boxes"] == (8, HEADS, 4) and shapes["cand_count"] == (8,)
+    assert shapes["boxes"] == (8, 300, 4) and shapes["num_dets"] == (8,) and shapes["classes"] == (8, 300)
+    assert shapes["/model.22/cv3.0/cv3.0.2/Conv_output_0"] == (8, 80, 80, 80)
+
+
+def test_broken_plans_are_bundle_errors(t4_bundle):
+    m = read_bundle(t4_bundle).manifest
+    swapped = copy.deepcopy(m)
+    steps = swapped["plan"]["steps"]
+    steps[1], steps[2] = steps[2], steps[1]
+    with pytest.raises(BundleError, match="step 'nms' reads 'cand_count', which no input or earlier step makes"):
+        Layout.from_manifest(swapped).schedule(False)
+    extra = copy.deepcopy(m)
+    extra["plan"]["outputs"].append({"name": "output0", "dtype": "float32", "shape": ["batch", 84, HEADS]})
+    with pytest.raises(BundleError, match="pipeline output 'output0' is made by no step"):
+        Layout.from_manifest(extra).schedule(False)
+    user = copy.deepcopy(m)
+    user["plan"]["steps"][2]["kernels"][0]["contract"] = "my_nms"
+    with pytest.raises(BundleError, match="contract 'my_nms' cannot be loaded.*carries no copy of it"):
+        Layout.from_manifest(user)
+
+
+@pytest.mark.parametrize("batch,bucket", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8)])
+def test_bucket_is_the_smallest_that_holds_the_batch(batch, bucket):
+    assert bucket_for(batch, (1, 2, 4, 8)) == bucket
+
+
+def test_buckets_always_reach_the_max_batch(t4_bundle):
+    m = copy.deepcopy(read_bundle(t4_bundle).manifest)
+    m["inputs"]["images"]["buckets"] = [1, 2]
+    layout = Layout.from_manifest(m)
+    assert layout.buckets == (1, 2, 8) and layout.bucket_for(3) == 8
+    with pytest.raises(RuntimeInputError, match="above the largest bucket 8"):
+        bucket_for(9, layout.buckets)
+
+
+@pytest.mark.parametrize("feeds,message", [
+    (lambda r: {"images": r.random((2, 3, 640, 640))}, "input 'images' is float64, expected float32"),
+    (lambda r: {"images": images(r, 9)}, "batch 9 is above this pipeline's max batch 8"),
+    (lambda r: {"images": images(r, 1)[0]}, r"expected rank 4 \[batch, 3, 640, 640\]"),
+    (lambda r: {"images": r.random((1, 3, 320, 640), dtype=np.float32)}, "dim 2 is 320, allowed 640"),
+    (lambda r: {}, "input 'images' is missing"),
+    (lambda r: {"image": images(r, 1), "images": images(r, 1)}, "unknown input 'image' \\(did you mean 'images'"),
+    (lambda r: {"images": [[0.0]]}, "expected a numpy array, got list"),
+])
+def test_bad_feeds_name_the_input_and_what_is_allowed(t4_layout, feeds, message):
+    with pytest.raises(RuntimeInputError, match=message):
+        t4_layout.check_feeds(feeds(np.random.default_rng(5)))
+
+
+def test_good_feeds_give_their_batch(t4_layout):
+    assert t4_layout.check_feeds({"images": images(np.random.default_rng(1), 3)}) == 3
+
+
+# ----------------------------------------------------------------------------- cubin or PTX
+@pytest.mark.parametrize("device_sm,prefer,code", [(75, "auto", "cubin"), (90, "auto", "ptx"), (90, "ptx", "ptx"),
+                                                   (75, "ptx", "ptx"), (75, "cubin", "cubin")])
+def test_cubin_on_its_own_sm_else_ptx(t4_layout, device_sm, prefer, code):
+    kernel = t4_layout.kernels[0]          # built for sm_75
+    assert choose_code(kernel, device_sm, int(kernel.entry["ptx_min_driver"]), prefer) == code
+
+
+def test_incompatible_gpu_or_driver_says_which(t4_layout):
+    kernel = t4_layout.kernels[0]          # built for sm_75
+    with pytest.raises(BundleError, match=r"cubin for sm_75, which cannot load on H200 \(sm_90.*load its PTX"):
+        choose_code(kernel, 90, 99999, "cubin", device_name="H200")
+    with pytest.raises(BundleError, match=r"built for sm_75; V100 \(sm_70.*is older.*rebuild with target.gpu"):
+        choose_code(kernel, 70, 99999, "auto", device_name="V100")
+    need = int(kernel.entry["ptx_min_driver"])
+    old = need - 10
+    want = f"CUDA {need // 1000}.{need % 1000 // 10}"
+    with pytest.raises(BundleError, match=rf"its PTX \(ISA .*needs a driver for {want} or newer.*update the driver"):
+        choose_code(kernel, 90, old, "auto")
+    with pytest.raises(BundleError, match=r"its cubin, made by NVRTC .* needs a driver"):
+        choose_code(kernel, 75, int(kernel.entry["min_driver"]) - 10, "auto")
+    with pytest.raises(KernelError, match="prefer must be auto, cubin or ptx"):
+        choose_code(kernel, 75, 99999, "sass")
+
+
+def test_compiled_kernel_from_the_manifest_is_the_built_one(t4_bundle):
+    from deepjit_compiler.jit.nvrtc import compile_site_kernel
+
+    bundle = read_bundle(t4_bundle)
+    nms = next(s for s in bundle.manifest["plan"]["steps"] if s["name"] == "nms")
+    entry = nms["kernels"][0]
+    got = compiled_from_manifest(bundle, entry)
+    spec_params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
+    site = next(s for s in bundle.manifest["plan"]["steps"] if s["kind"] == "kernel")
+    facts = {**site["facts"], **nms["params"]}           # as the build compiles an added stage
+    want = compile_site_kernel("nms", spec_params, facts, sm=75)  # the kernel cache answers
+    assert (got.cubin, got.ptx, got.sm, got.min_driver, got.ptx_min_driver) == \
+        (want.cubin, want.ptx, want.sm, want.min_driver, want.ptx_min_driver)
+    assert dict(got.lowered) == dict(want.lowered) and dict(got.entries) == dict(want.entries)
+    assert json.loads(json.dumps(dict(got.params))) == json.loads(json.dumps(dict(want.params)))
+    assert got.symbol("nms") == want.symbol("nms")
+
+
+# ----------------------------------------------------------------------------- the call path
+def test_loading_without_a_gpu_is_a_missing_dependency(t4_bundle, monkeypatch):
+    monkeypatch.setattr(runtime.Gpu, "__init__", lambda self, ordinal=0: (_ for _ in ()).throw(
+        MissingDependency("no NVIDIA GPU or driver is available here")))
+    with pytest.raises(MissingDependency, match="no NVIDIA GPU"):
+        Pipeline.load(t4_bundle)
+
+
+def _since(log, mark):
+    return log[mark:]
+
+
+def test_a_call_is_copies_in_one_replay_copies_out_one_sync(t4_bundle, fake, caplog):
+    caplog.set_level(logging.WARNING, "deepjit.runtime")
+    with Pipeline.load(t4_bundle) as pipe:
+        gpu = fake.made[0]
+        assert set(pipe.code.values()) == {"ptx"} and set(gpu.loaded.values()) == {"ptx"}
+        assert "built for sm_75 (T4); this GPU is sm_90" in caplog.text and "PTX" in caplog.text
+        after_load = pipe.allocations
+        # every buffer was made at load: 6 head maps + 5 candidate buffers + 4 outputs (+ nms workspace if any)
+        assert after_load >= 15
+        captures = sum(1 for e in gpu.log if e[0] == "capture")
+        assert captures == len(pipe.buckets)
+
+        def nms(grid, args):  # the nms kernel writes num_dets = 7 * (image + 1) for every image it runs
+            write_at(args[8], 7 * np.arange(1, grid[0] + 1, dtype=np.int32))
+        gpu.hooks["nms"] = nms
+
+        rng = np.random.default_rng(11)
+        x = images(rng, 3)
+        mark = len(gpu.log)
+        out = pipe({"images": x})
+        events = _since(gpu.log, mark)
+        heads = segment_heads(t4_bundle, x)
+        row = {k: v[0].nbytes for k, v in heads.items()}
+        assert [e for e in events if e[0] == "h2d"] == [("h2d", 3 * row[n]) for n in pipe.phases[1].upload]
+        assert [e for e in events if e[0] == "replay"] == [("replay", ("decode", "nms"))]
+        assert not [e for e in events if e[0] in ("launch", "capture")]
+        assert [e[0] for e in events].count("sync") == 1 and events[-1] == ("sync",)
+        assert [e for e in events if e[0] == "d2h"] == [("d2h", 3 * 4), ("d2h", 3 * 300 * 4 * 4), ("d2h", 3 * 300 * 4),
+                                                        ("d2h", 3 * 300 * 4)]
+        for name, want in heads.items():  # the first 3 rows of the max-size buffers hold the engine's maps
+            np.testing.assert_array_equal(device_array(pipe._buffers[name], want.shape), want)
+        np.testing.assert_array_equal(out["num_dets"], [7, 14, 21])  # bucket 4 ran, 3 rows came back
+        assert out["boxes"].shape == (3, 300, 4) and out["classes"].dtype == np.int32
+        assert pipe.allocations == after_load
+        assert pipe.launches_per_inference(3) == 2 and pipe.graph_launches_per_inference() == 1
+
+
+def test_graph_holds_the_buckets_launch_geometry(t4_bundle, fake):
+    with Pipeline.load(t4_bundle) as pipe:
+        gpu = fake.made[0]
+        seen = {}
+        gpu.hooks["decode"] = lambda grid, args: seen.setdefault("decode", []).append(grid)
+        gpu.hooks["nms"] = lambda grid, args: seen.setdefault("nms", []).append(grid)
+        pipe({"images": images(np.random.default_rng(2), 5)})            # bucket 8
+        blocks = math.ceil(HEADS / (4 * 128))                              # anchors_per_thread 4, block 128
+        assert seen == {"decode": [(blocks, 8, 1)], "nms": [(8, 1, 1)]}
+
+
+def test_nms_gets_its_shared_memory_and_overlaps_the_decode_only_in_sm90_code(t4_bundle, fake, tmp_path):
+    """The T4 bundle's compute_75 PTX has no griddepcontrol.wait, so its nms launches after the decode
+    as usual; the same contract compiled for sm_90 waits for the decode itself and is launched to
+    overlap it. Either way it is given its contract's dynamic shared memory."""
+    from deepjit_compiler.runtime.launch import ContractKernel
+    from deepjit_compiler.jit.nvrtc import compile_site_kernel
+
+    def shared(chunk):
+        return chunk * (chunk // 8 + 28)
+
+    with Pipeline.load(t4_bundle):
+        log = fake.made[0].log
+        assert [e for e in log if e[0] == "allow_shared"] == [("allow_shared", "nms", shared(256))]  # once, for all buckets
+        assert [e for e in log if e[0] == "config" and e[3]] == []
+    gpu = FakeGpu(90)
+    nms = ContractKernel(gpu, compile_site_kernel("nms", {"max_candidates": 640, "chunk": 512}, sm=90,
+                                                  cache_dir=tmp_path))
+    cands = {s.name: gpu.empty([{"B": 2, "K": 640}.get(d, d) for d in s.shape], s.dtype) for s in nms.inputs}
+    dims = nms.bind(cands)
+    tensors = {**cands, **nms.allocate_outputs(dims), "workspace": None}
+    nms.prepare(tensors, dims)
+    nms.prepare(tensors, dims)
+    assert [e for e in gpu.log if e[0] == "allow_shared"] == [("allow_shared", "nms", shared(512))]
+    assert [e for e in gpu.log if e[0] == "config"] == [("config", (2, 1, 1), shared(512), True)] * 2
+
+
+def test_without_graphs_the_kernels_launch_plainly(t4_bundle, fake):
+    with Pipeline.load(t4_bundle, graphs=False) as pipe:
+        gpu = fake.made[0]
+        assert not [e for e in gpu.log if e[0] == "capture"]
+        mark = len(gpu.log)
+        pipe({"images": images(np.random.default_rng(3), 2)})
+        events = _since(gpu.log, mark)
+        assert [e[:2] for e in events if e[0] == "launch"] == [("launch", "decode"), ("launch", "nms")]
+        assert not [e for e in events if e[0] == "replay"]
+        assert pipe.graph_launches_per_inference() == 0 and pipe.launches_per_inference(2) == 2
+
+
+def test_prefer_cubin_for_another_sm_fails_before_anything_runs(t4_bundle, fake):
+    with pytest.raises(BundleError, match="cubin for sm_75.*load its PTX"):
+        Pipeline.load(t4_bundle, prefer="cubin")
+    fake.state["sm"] = 75
+    with Pipeline.load(t4_bundle) as pipe:
+        assert set(pipe.code.values()) == {"cubin"}
+
+
+def test_bad_calls_and_closed_pipelines(t4_bundle, fake):
+    pipe = Pipeline.load(t4_bundle)
+    rng = np.random.default_rng(4)
+    with pytest.raises(RuntimeInputError, match="batch 9 is above this pipeline's max batch 8"):
+        pipe({"images": images(rng, 9)})
+    with pytest.raises(RuntimeInputError, match="is float16, expected float32"):
+        pipe({"images": images(rng, 1).astype(np.float16)})
+    pipe.close()
+    with pytest.raises(KernelError, match="closed"):
+        pipe({"images": images(rng, 1)})
+
+
+def test_letterbox_on_the_gpu_then_the_cpu_engine(lb_bundle, fake):
+    with Pipeline.load(lb_bundle) as pipe:
+        gpu = fake.made[0]
+        after_load = pipe.allocations
+        geometry = []
+
+        letterboxed = np.random.default_rng(7).random((2, 3, 640, 640), dtype=np.float32)
+
+        def letterbox(grid, args):  # args: raw, H, W, images, ratio_pad, new_w, new_h, left, top, sx, sy, r
+            geometry.append(tuple(float(a) for a in (args[1], args[2], *args[5:9], args[11])))
+            write_at(args[3], letterboxed[:grid[2]])
+        gpu.hooks["letterbox"] = letterbox
+        raw = np.random.default_rng(6).integers(0, 256, (2, 48, 64, 3), dtype=np.uint8)
+        mark = len(gpu.log)
+        pipe({"raw_images": raw})
+        events = _since(gpu.log, mark)
+        # 48 x 64 into 640: r = min(640/48, 640/64) = 10, new 640 x 480, left 0, top round(80 - 0.1) = 80
+        assert geometry[-1] == (48, 64, 640, 480, 0, 80, 10.0)
+        kinds = [e[0] for e in events]
+        assert kinds.count("sync") == 2          # before the CPU engine, and at the end
+        assert events[kinds.index("h2d")] == ("h2d", raw.nbytes)
+        assert ("d2h", 2 * 3 * 640 * 640 * 4) in events          # the letterboxed images, to the engine
+        heads = segment_heads(lb_bundle, letterboxed)
+        for name, want in heads.items():
+            np.testing.assert_allclose(device_array(pipe._buffers[name], want.shape), want, rtol=1e-6, atol=1e-6)
+        assert pipe.allocations == after_load   # a new image size captures a graph, allocates nothing
+
+
+# ----------------------------------------------------------------------------- deepjit run
+def test_map_boxes_back_to_the_image():
+    boxes = np.array([[110.0, 220.0, 210.0, 320.0], [0.0, 0.0, 900.0, 900.0]])
+    got = runbundle.map_boxes(boxes, (0.5, 10.0, 20.0), (500, 350))
+    np.testing.assert_allclose(got, [[200.0, 400.0, 350.0, 500.0], [0.0, 0.0, 350.0, 500.0]])
+    np.testing.assert_allclose(runbundle.map_boxes(boxes[:1], (2.0, 0.0, 80.0), None), [[55.0, 70.0, 105.0, 120.0]])
+
+
+def test_npy_rows_and_single_samples(tmp_path, t4_layout):
+    rng = np.random.default_rng(8)
+    np.save(tmp_path / "a.npy", images(rng, 2))
+    np.save(tmp_path / "b.npy", images(rng, 1)[0])
+    samples = runbundle.load_samples([tmp_path / "a.npy", tmp_path / "b.npy"], t4_layout)
+    assert [s.source for s in samples] == ["a.npy[0]", "a.npy[1]", "b.npy"]
+    assert all(s.feed["images"].shape == (1, 3, 640, 640) and s.ratio_pad is None for s in samples)
+    assert [len(g) for g in runbundle.batches(samples * 3, 4)] == [4, 4, 1]
+    folder = runbundle.expand_inputs([tmp_path])
+    assert [p.name for p in folder] == ["a.npy", "b.npy"]
+
+
+def test_uint8_image_is_letterboxed_on_the_host(tmp_path, t4_layout):
+    from deepjit_compiler.graph.ort import ort_session
+    from deepjit_compiler.surgery.references import letterbox_reference
+
+    bgr = np.random.default_rng(12).integers(0, 256, (32, 64, 3), dtype=np.uint8)
+    np.save(tmp_path / "img.npy", bgr)
+    (s,) = runbundle.load_samples([tmp_path / "img.npy"], t4_layout)
+    # 32 x 64 into 640: r = 10, content 640 x 320 at top = round(160 - 0.1) = 160, rows 160..479
+    assert s.size == (32, 64) and s.ratio_pad == (10.0, 0.0, 160.0)
+    x = s.feed["images"]
+    assert x.shape == (1, 3, 640, 640) and x.dtype == np.float32
+    pad = np.float32(114) / np.float32(255)
+    assert (x[0, :, :160] == pad).all() and (x[0, :, 480:] == pad).all()
+    assert not (x[0, :, 160] == pad).all() and not (x[0, :, 479] == pad).all()
+    # BGR in, RGB out, as the ONNX letterbox reference computes it (runbundle letterboxes in numpy)
+    want = ort_session(letterbox_reference(size=640, swap_rb=True)).run(["images"], {"raw_images": bgr[None]})[0]
+    np.testing.assert_allclose(x, want, atol=2e-5, rtol=0)
+
+
+def test_inputs_that_cannot_be_read(tmp_path, t4_layout, lb_bundle, monkeypatch):
+    (tmp_path / "x.txt").write_text("")
+    with pytest.raises(RuntimeInputError, match="unsupported input"):
+        runbundle.expand_inputs([tmp_path / "x.txt"])
+    with pytest.raises(RuntimeInputError, match="no such file"):
+        runbundle.expand_inputs([tmp_path / "missing.npy"])
+    np.savez(tmp_path / "z.npz", other=np.zeros(3))
+    with pytest.raises(RuntimeInputError, match="no array for input.*images.*it has other"):
+        runbundle.load_samples([tmp_path / "z.npz"], t4_layout)
+    (tmp_path / "p.png").write_bytes(b"\x89PNG")
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(MissingDependency, match="reading images needs Pillow"):
+        runbundle.load_samples([tmp_path / "p.png"], t4_layout)
+
+
+def test_png_through_pillow(tmp_path, lb_bundle):
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    rgb = np.random.default_rng(9).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    image_mod.fromarray(rgb).save(tmp_path / "p.png")
+    (s,) = runbundle.load_samples([tmp_path / "p.png"], Layout.from_bundle(read_bundle(lb_bundle)))
+    np.testing.assert_array_equal(s.feed["raw_images"][0], rgb[..., ::-1])  # BGR in: the kernel swaps to RGB
+    assert s.size == (40, 50) and s.ratio_pad is None                         # mapped by the pipeline's ratio_pad
+
+
+def test_run_bundle_writes_detections_in_image_pixels(tmp_path, t4_bundle, fake):
+    bgr = np.random.default_rng(10).integers(0, 256, (320, 640, 3), dtype=np.uint8)
+    np.save(tmp_path / "street.npy", bgr)
+
+    def nms(grid, args):  # one detection per image at x1, y1, x2, y2 = 100, 200, 300, 400 (network pixels)
+        write_at(args[8], np.ones(grid[0], np.int32))
+        write_at(args[9], np.tile(np.array([100, 200, 300, 400], np.float32), (grid[0], 1)))
+        write_at(args[10], np.full(grid[0], 0.75, np.float32))
+        write_at(args[11], np.full(grid[0], 3, np.int32))
+
+    runtime_load = Pipeline.load
+
+    def load(*a, **k):
+        pipe = runtime_load(*a, **k)
+        pipe.gpu.hooks["nms"] = nms
+        return pipe
+
+    out = tmp_path / "res" / "dets.json"
+    import unittest.mock as mock
+    with mock.patch.object(Pipeline, "load", side_effect=load):
+        result = runbundle.run_bundle(t4_bundle, [tmp_path / "street.npy"], out)
+    # 320 x 640 into 640: r = 1, top = round(160 - 0.1) = 160: y maps to y - 160
+    (rec,) = result["results"]
+    assert rec["boxes_in"] == "image" and rec["num_dets"] == 1 and rec["size"] == [320, 640]
+    assert rec["detections"] == [{"class": 3, "score": 0.75, "box": [100.0, 40.0, 300.0, 240.0]}]
+    assert json.loads(out.read_text()) == result and result["kernels"] == {"decode/yolov8_decode": "ptx",
+                                                                          "nms/nms": "ptx"}
+    assert "street.npy: 1 detections (boxes in image pixels)" in runbundle.format_run(result)
+
+
+def test_bench_bundle_reports_percentiles_and_launches(t4_bundle, fake):
+    with pytest.raises(RuntimeInputError, match="--batch 9: this bundle takes batches 1..8"):
+        runbundle.bench_bundle(t4_bundle, [1, 9])
+    result = runbundle.bench_bundle(t4_bundle, [1, 3], graphs=True, warmup=1, iters=3)
+    rows = result["results"]
+    assert [(r["batch"], r["bucket"], r["kernel_launches"], r["graph_launches"]) for r in rows] == \
+        [(1, 1, 2, 1), (3, 4, 2, 1)]
+    for r in rows:
+        c = r["call_us"]
+        assert 0 < c["p50"] <= c["p95"] <= c["p99"] and r["throughput_img_s"] > 0
+        assert r["gpu_us"]["p50"] == pytest.approx(250.0)   # the fake's events: 0.25 ms per device phase
+    table = runbundle.format_bench(result)
+    assert "call p50" in table and len(table.splitlines()) == 1 + 1 + 2 + 1

@@ -1,0 +1,146 @@
+import re
+
+import pytest
+
+from deepjit_compiler.errors import SpecError
+from deepjit_compiler.spec.load import json_schema, load_spec
+from deepjit_compiler.spec.targets import sm_for_gpu
+
+from conftest import PIPELINES
+
+
+@pytest.mark.parametrize("name,sm", [("yolov8_t4.yaml", 75), ("yolov8_h200.yaml", 90)])
+def test_example_specs_load_with_paths_resolved_against_their_folder(name, sm):
+    loaded = load_spec(PIPELINES / name)
+    s = loaded.spec
+    assert s.target.resolved_sm == sm
+    assert s.engine.precision == "fp16"
+    assert s.model.synthesize == "yolov8s"
+    assert s.inputs["images"].batch_buckets == (1, 2, 4, 8)
+    assert [c.name for c in s.cuts] == ["decode", "nms"]
+    # relative paths resolve against the spec's folder, not the working directory
+    assert s.model.path == (PIPELINES / "../models/yolov8s.onnx").resolve()
+    assert s.engine.workspace == 2 * 2**30
+    assert len(loaded.sha256) == 64
+
+
+def _error(write_spec, replacements) -> str:
+    path = write_spec(replacements)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:"), msg
+    return msg
+
+
+def _line_of(path_text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(path_text.splitlines(), 1) if needle in line)
+
+
+def test_unknown_key_names_line_and_suggests(write_spec):
+    msg = _error(write_spec, {"  precision: fp16": "  precison: fp16"})
+    text = (PIPELINES / "yolov8_t4.yaml").read_text()
+    assert f":{_line_of(text, '  precision: fp16')}:3: engine.precison: unknown key" in msg
+    assert "did you mean 'precision'" in msg
+    assert "allowed: backend, precision" in msg
+
+
+def test_nested_unknown_key_in_list(write_spec):
+    msg = _error(write_spec, {"      - contract: nms": "      - contrct: nms"})
+    assert "cuts[1].kernels[0].contrct: unknown key" in msg and "did you mean 'contract'" in msg
+
+
+def test_wrong_type_names_the_field_expected_type_and_value(write_spec):
+    msg = _error(write_spec, {"optimization_level: 3": "optimization_level: fast"})
+    assert "engine.optimization_level" in msg and "integer" in msg and "'fast'" in msg
+
+
+def test_literal_lists_choices_and_suggests_the_closest(write_spec):
+    msg = _error(write_spec, {"  backend: auto": "  backend: tensorrtt"})
+    assert "'auto', 'tensorrt' or 'onnxruntime'" in msg and "did you mean 'tensorrt'" in msg
+
+
+def test_yaml_syntax_error_has_line_and_column(write_spec):
+    msg = _error(write_spec, {"    random:\n": "    random: [}\n"})
+    assert re.search(r":\d+:\d+: YAML error", msg)
+
+
+def test_python_tag_is_refused_and_never_run(write_spec, tmp_path):
+    marker = tmp_path / "pwned"
+    msg = _error(write_spec, {"name: yolov8s_t4": f"name: !!python/object/apply:os.system ['touch {marker}']"})
+    assert "no Python tags" in msg
+    assert not marker.exists()
+
+
+def test_profile_min_above_max_is_refused(write_spec):
+    msg = _error(write_spec, {"min: [1, 3, 640, 640]": "min: [9, 3, 640, 640]"})
+    assert "inputs.images" in msg and "min <= opt <= max" in msg and "got 9, 4, 8" in msg
+
+
+def test_profile_must_keep_the_fixed_dims(write_spec):
+    msg = _error(write_spec, {"max: [8, 3, 640, 640]": "max: [8, 3, 640, 800]"})
+    assert "dim 3" in msg and "fixes it to 640" in msg
+
+
+def test_buckets_outside_the_profile_are_named(write_spec):
+    msg = _error(write_spec, {"buckets: [1, 2, 4, 8]": "buckets: [1, 16]"})
+    assert "buckets [16]" in msg
+
+
+def test_unknown_gpu_suggests_a_known_one(write_spec):
+    msg = _error(write_spec, {"  gpu: T4 ": "  gpu: L40X "})
+    assert "target.gpu: unknown GPU 'L40X'" in msg and "did you mean 'L40'" in msg
+
+
+def test_gpu_and_sm_must_agree(write_spec):
+    msg = _error(write_spec, {"  gpu: T4 ": "  sm: 86\n  gpu: T4 "})
+    assert "gpu T4 is sm_75, but sm is 86" in msg
+
+
+def test_sm_below_75_refused(write_spec):
+    msg = _error(write_spec, {"  gpu: T4 ": "  sm: 70\n  #"})
+    assert "target.sm" in msg and "75" in msg
+
+
+def test_int8_without_calibration_is_refused(write_spec):
+    msg = _error(write_spec, {"precision: fp16": "precision: int8"})
+    assert "int8 needs `calibration`" in msg
+
+
+def test_cut_needs_one_boundary(write_spec):
+    msg = _error(write_spec, {"    preset: yolov8_decode": "    preset: yolov8_decode\n    add: after\n    at: x"})
+    assert "cuts[0]" in msg and "exactly one boundary" in msg
+
+
+def test_missing_required_key(write_spec):
+    msg = _error(write_spec, {"      - contract: yolov8_decode": "      - params: {}\n        #"})
+    assert "required key 'contract' is missing" in msg
+
+
+def test_symbolic_shape_needs_profile(write_spec):
+    text = (PIPELINES / "yolov8_t4.yaml").read_text()
+    start, end = text.index("    profile:"), text.index("    buckets:")
+    msg = _error(write_spec, {text[start:end]: "", "    buckets: [1, 2, 4, 8]": ""})
+    assert "symbolic dims ['batch']" in msg
+
+
+def test_missing_spec_file_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="spec file not found"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_default_buckets_are_1_2_4_8_within_the_profile_plus_its_max(write_spec):
+    path = write_spec({"    buckets: [1, 2, 4, 8]": "", "max: [8, 3, 640, 640]": "max: [6, 3, 640, 640]",
+                       "opt: [4, 3, 640, 640]": "opt: [2, 3, 640, 640]", "min: [1, 3, 640, 640]": "min: [2, 3, 640, 640]"})
+    assert load_spec(path).spec.inputs["images"].batch_buckets == (2, 4, 6)
+
+
+def test_gpu_names_map_to_their_sm():
+    assert [sm_for_gpu(n) for n in ("T4", "a10", "L4", "H100", "h200")] == [75, 86, 89, 90, 90]
+
+
+def test_json_schema_describes_the_spec():
+    schema = json_schema()
+    assert set(schema["required"]) >= {"name", "model", "target", "inputs"}
+    assert schema["$defs"]["Engine"]["additionalProperties"] is False
+    assert "yolov8_decode" in str(schema["$defs"]["Cut"])

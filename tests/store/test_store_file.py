@@ -1,0 +1,221 @@
+"""References and the folder store (deepjit_compiler/store/__init__.py, store/file.py)."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import multiprocessing
+import random
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from deepjit_compiler import store
+from deepjit_compiler.bundle.folder import read_bundle, write_bundle
+from deepjit_compiler.errors import BundleError, StoreError
+from deepjit_compiler.store import Ref, open_store, parse_ref
+from deepjit_compiler.store.file import FileStore
+
+HEX = "ab" * 32
+
+
+def make_bundle(dest: Path, seed: int, name: str = "tiny"):
+    rng = random.Random(seed)
+    files = {"segments/backbone.onnx": rng.randbytes(4000), "kernels/decode/decode.cu": rng.randbytes(300),
+             "kernels/decode/decode.sm_75.cubin": rng.randbytes(2000)}
+    manifest = {"name": name, "target": {"sm": 75}, "seed": seed,
+                "validation": {"levels": {"graph": {"status": "passed", "reason": ""}}}}
+    return write_bundle(dest, files, manifest)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------------------- references
+@pytest.mark.parametrize("text, expected", [
+    ("file:///srv/store:v1", Ref("file:///srv/store", "v1")),
+    ("file:///srv/store", Ref("file:///srv/store")),
+    (f"file:///srv/st:ore@sha256:{HEX}", Ref("file:///srv/st:ore", None, f"sha256:{HEX}")),
+    ("oci://127.0.0.1:5000/team/yolo:v1.2-rc_3", Ref("oci://127.0.0.1:5000/team/yolo", "v1.2-rc_3")),
+    ("oci://localhost/yolo", Ref("oci://localhost/yolo")),
+    (f"oci://registry.example.com/a/b-c@sha256:{HEX}", Ref("oci://registry.example.com/a/b-c", None, f"sha256:{HEX}")),
+    ("oci://[::1]:5000/yolo:t", Ref("oci://[::1]:5000/yolo", "t")),
+])
+def test_parse_ref_and_str_round_trip(text, expected):
+    assert parse_ref(text) == expected
+    assert str(parse_ref(text)) == text
+
+
+def test_relative_and_bare_refs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_ref("file://stores/main:v2") == Ref(f"file://{tmp_path}/stores/main", "v2")
+    assert parse_ref("v3", default_store=f"file://{tmp_path}/d") == Ref(f"file://{tmp_path}/d", "v3")
+    assert parse_ref(f"@sha256:{HEX}", default_store="oci://h:1/r") == Ref("oci://h:1/r", None, f"sha256:{HEX}")
+    assert parse_ref("v3").store.startswith("file:///")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty reference"),
+    ("oci://127.0.0.1:5000", "names no repository"),
+    ("oci://host/Team/Yolo:v1", "must be lowercase"),
+    ("oci://ho st/yolo", "not a registry HOST"),
+    ("file:///srv/store:bad tag!", "tag 'bad tag!' is not valid"),
+    ("file:///srv/store:.hidden", "is not valid"),
+    ("http://host/repo:v1", "unknown scheme 'http://'"),
+    ("team/yolo:v1", "has no scheme"),
+    ("oci://h:1/r@sha256:xyz", "is not a digest"),
+])
+def test_parse_ref_refuses(text, message):
+    with pytest.raises(StoreError, match=message):
+        parse_ref(text)
+
+
+# ---------------------------------------------------------------------------- the folder store
+def test_push_pull_round_trip(tmp_path):
+    info = make_bundle(tmp_path / "b", 1)
+    result = store.push(info.path, f"file://{tmp_path}/store:v1")
+    assert result.digest == info.digest and result.ref == f"file://{tmp_path}/store:v1"
+    assert (tmp_path / "store" / "blobs" / "sha256" / f"{info.digest[7:]}.tar.gz").read_bytes() == info.archive.read_bytes()
+    assert (tmp_path / "store" / "tags" / "v1").read_text() == info.digest + "\n"
+    out = store.pull(f"file://{tmp_path}/store:v1", tmp_path / "pulled")
+    assert tree(out) == tree(info.path)
+    by_digest = store.pull(result.pinned, tmp_path / "pinned")
+    assert read_bundle(by_digest).digest == info.digest
+
+
+def test_pull_from_a_tarball_push_and_default_destination(tmp_path, monkeypatch):
+    info = make_bundle(tmp_path / "b", 2)
+    store.push(info.archive, f"file://{tmp_path}/store:from-tar")
+    monkeypatch.chdir(tmp_path)
+    assert store.pull(f"file://{tmp_path}/store:from-tar") == Path("from-tar")
+    assert tree(tmp_path / "from-tar") == tree(info.path)
+
+
+def test_ls_lists_tags_in_order_with_name_digest_and_size(tmp_path):
+    a, b = make_bundle(tmp_path / "a", 3, name="alpha"), make_bundle(tmp_path / "b", 4, name="beta")
+    s = open_store(f"file://{tmp_path}/store")
+    assert s.ls() == []
+    s.push(b.path, "z-last")
+    s.push(a.path, "a-first")
+    s.push(a.path, "also-a")
+    entries = store.ls(f"file://{tmp_path}/store")
+    size_a, size_b = a.archive.stat().st_size, b.archive.stat().st_size  # the .tar.gz write_bundle wrote
+    assert [(e.tag, e.digest, e.name, e.size) for e in entries] == [
+        ("a-first", a.digest, "alpha", size_a),
+        ("also-a", a.digest, "alpha", size_a),
+        ("z-last", b.digest, "beta", size_b),
+    ]
+    with pytest.raises(StoreError, match="`ls` takes a store"):
+        store.ls(f"file://{tmp_path}/store:v1")
+
+
+def test_existing_tag_with_other_content_needs_force(tmp_path):
+    a, b = make_bundle(tmp_path / "a", 5), make_bundle(tmp_path / "b", 6)
+    s = FileStore(tmp_path / "store")
+    s.push(a.path, "v1")
+    assert s.push(a.path, "v1").digest == a.digest  # the same content again: fine
+    with pytest.raises(StoreError, match=f"tag 'v1' already holds {a.digest}, not this bundle .*--force"):
+        s.push(b.path, "v1")
+    assert [e.digest for e in s.ls()] == [a.digest]
+    s.push(b.path, "v1", force=True)
+    assert [e.digest for e in s.ls()] == [b.digest]
+    assert tree(s.pull("v1", tmp_path / "p")) == tree(b.path)
+    assert read_bundle(s.pull(a.digest, tmp_path / "old")).digest == a.digest  # still there by digest
+
+
+def test_unknown_tag_and_digest(tmp_path):
+    s = FileStore(tmp_path / "store")
+    s.push(make_bundle(tmp_path / "a", 7).path, "release-1")
+    with pytest.raises(StoreError, match="no tag 'release-2' .*did you mean 'release-1'"):
+        s.pull("release-2", tmp_path / "p")
+    with pytest.raises(StoreError, match="no bundle sha256:abab"):
+        s.pull(f"sha256:{HEX}", tmp_path / "p")
+    assert not (tmp_path / "p").exists()
+
+
+def _repack_with_edit(archive: bytes) -> bytes:
+    """The same bundle archive with one file's bytes changed: a well-formed, tampered tarball."""
+    src = tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz")
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as dst:
+        for m in src:
+            data = src.extractfile(m).read()
+            if m.name == "kernels/decode/decode.sm_75.cubin":
+                data = bytes([data[0] ^ 1]) + data[1:]
+            dst.addfile(m, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("tamper", "'kernels/decode/decode.sm_75.cubin' does not match its sha256"),
+    ("truncate", "truncated or corrupt"),
+    ("swap", "is not the expected"),
+])
+def test_pull_refuses_damaged_blobs(tmp_path, damage, message):
+    a, b = make_bundle(tmp_path / "a", 8), make_bundle(tmp_path / "b", 9)
+    s = FileStore(tmp_path / "store")
+    s.push(a.path, "v1")
+    s.push(b.path, "v2")
+    blob = tmp_path / "store" / "blobs" / "sha256" / f"{a.digest[7:]}.tar.gz"
+    data = blob.read_bytes()
+    blob.write_bytes({"tamper": lambda: _repack_with_edit(data),
+                      "truncate": lambda: data[: len(data) // 2],
+                      "swap": lambda: b.archive.read_bytes()}[damage]())
+    with pytest.raises(StoreError, match=f"(?s)refusing v1: .*{message}"):
+        s.pull("v1", tmp_path / "pulled")
+    assert not (tmp_path / "pulled").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_pull_does_not_overwrite_a_foreign_folder(tmp_path):
+    s = FileStore(tmp_path / "store")
+    s.push(make_bundle(tmp_path / "a", 10).path, "v1")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(BundleError, match="mine: exists and is not a DeepJIT bundle; refusing to replace"):
+        s.pull("v1", tmp_path / "mine")
+    assert tree(tmp_path / "mine") == {"notes.txt": b"keep"}
+
+
+def _push_worker(root: str, bundle: str, tag: str, barrier, results) -> None:
+    barrier.wait()
+    try:
+        results.put(("ok", FileStore(Path(root)).push(Path(bundle), tag).digest))
+    except StoreError as e:
+        results.put(("refused", str(e)))
+
+
+def _race(root: Path, bundles: list[Path], tag: str) -> list[tuple[str, str]]:
+    ctx = multiprocessing.get_context("spawn")  # fork is unsafe once other tests started threads
+    barrier, results = ctx.Barrier(len(bundles)), ctx.Queue()
+    procs = [ctx.Process(target=_push_worker, args=(str(root), str(b), tag, barrier, results)) for b in bundles]
+    for p in procs:
+        p.start()
+    out = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return out
+
+
+def test_concurrent_pushes_of_the_same_content_all_succeed(tmp_path):
+    a = make_bundle(tmp_path / "a", 11)
+    results = _race(tmp_path / "store", [a.path] * 6, "v1")
+    assert results == [("ok", a.digest)] * 6
+    assert [(e.tag, e.digest) for e in FileStore(tmp_path / "store").ls()] == [("v1", a.digest)]
+    assert sorted(p.name for p in (tmp_path / "store" / "blobs" / "sha256").iterdir()) == [
+        f"{a.digest[7:]}.manifest.json", f"{a.digest[7:]}.tar.gz"]
+
+
+def test_concurrent_pushes_of_different_content_one_wins(tmp_path):
+    a, b = make_bundle(tmp_path / "a", 12), make_bundle(tmp_path / "b", 13)
+    results = _race(tmp_path / "store", [a.path, b.path] * 4, "v1")
+    winner = FileStore(tmp_path / "store").ls()[0].digest
+    loser = b.digest if winner == a.digest else a.digest
+    assert sorted(r for r in results if r[0] == "ok") == [("ok", winner)] * 4
+    refused = [msg for kind, msg in results if kind == "refused"]
+    assert len(refused) == 4 and all(f"already holds {winner}, not this bundle ({loser})" in m for m in refused)
+    assert read_bundle(FileStore(tmp_path / "store").pull("v1", tmp_path / "p")).digest == winner
+    assert json.loads((tmp_path / "p" / "manifest.json").read_bytes())["digest"] == winner

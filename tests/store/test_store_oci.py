@@ -1,0 +1,245 @@
+"""The OCI store against a real registry on loopback (deepjit_compiler/store/oci.py).
+
+Needs Debian's `docker-registry` (`.ci/run` installs it); skipped with a reason without it.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import random
+import socket
+import threading
+import uuid
+from pathlib import Path
+
+import oras.provider
+import pytest
+import requests
+
+from deepjit_compiler import store
+from deepjit_compiler.bundle.folder import read_bundle, write_bundle
+from deepjit_compiler.errors import StoreError
+from deepjit_compiler.store import open_store
+from deepjit_compiler.store.oci import (ANN_DIGEST, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE, OCI_MANIFEST,
+                                        PASSWORD_ENV, USER_ENV)
+
+
+def make_bundle(dest: Path, seed: int, name: str = "tiny"):
+    rng = random.Random(seed)
+    files = {"segments/backbone.onnx": rng.randbytes(30_000), "kernels/decode/decode.cu": rng.randbytes(300),
+             "kernels/decode/decode.sm_75.cubin": rng.randbytes(2000)}
+    return write_bundle(dest, files, {"name": name, "seed": seed, "target": {"sm": 75}})
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def fresh_repo(server) -> str:
+    return f"{server.url}/t/{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_credentials(monkeypatch, tmp_path):
+    """No credentials from the developer's environment or ~/.docker/config.json."""
+    for var in (USER_ENV, PASSWORD_ENV, "ORAS_USER", "ORAS_PASS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def _get(server, path: str, **headers) -> requests.Response:
+    r = requests.get(f"http://{server.host}/v2/{path}", headers=headers, timeout=10)
+    r.raise_for_status()
+    return r
+
+
+def test_push_writes_deepjit_media_types_and_pull_round_trips(registry_server, tmp_path):
+    info = make_bundle(tmp_path / "b", 101)
+    repo = fresh_repo(registry_server)
+    result = store.push(info.path, f"{repo}:v1")
+    assert result.digest == info.digest and result.ref == f"{repo}:v1"
+    path = repo.split("/", 3)[3]
+    raw = _get(registry_server, f"{path}/manifests/v1", Accept=OCI_MANIFEST).content
+    assert result.pinned == f"{repo}@sha256:{hashlib.sha256(raw).hexdigest()}"
+    manifest = json.loads(raw)
+    assert manifest["artifactType"] == ARTIFACT_TYPE
+    assert manifest["config"]["mediaType"] == CONFIG_MEDIA_TYPE
+    assert [layer["mediaType"] for layer in manifest["layers"]] == [LAYER_MEDIA_TYPE]
+    assert manifest["annotations"][ANN_DIGEST] == info.digest
+    config = _get(registry_server, f"{path}/blobs/{manifest['config']['digest']}").content
+    layer = _get(registry_server, f"{path}/blobs/{manifest['layers'][0]['digest']}").content
+    assert config == (info.path / "manifest.json").read_bytes()
+    assert layer == info.archive.read_bytes()
+
+    assert tree(store.pull(f"{repo}:v1", tmp_path / "pulled")) == tree(info.path)
+    assert read_bundle(store.pull(result.pinned, tmp_path / "pinned")).digest == info.digest
+
+
+def test_identical_builds_push_identical_manifests(registry_server, tmp_path):
+    one, two = make_bundle(tmp_path / "one", 102), make_bundle(tmp_path / "two", 102)
+    repo = fresh_repo(registry_server)
+    r1, r2 = store.push(one.path, f"{repo}:a"), store.push(two.archive, f"{repo}:b")
+    assert r1.pinned == r2.pinned and r1.digest == r2.digest
+
+
+def test_ls_lists_bundles_and_skips_foreign_artifacts(registry_server, tmp_path, monkeypatch):
+    a, b = make_bundle(tmp_path / "a", 103, name="alpha"), make_bundle(tmp_path / "b", 104, name="beta")
+    repo = fresh_repo(registry_server)
+    assert store.ls(repo) == []  # the repository does not exist yet
+    store.push(b.path, f"{repo}:z")
+    store.push(a.path, f"{repo}:a")
+    # Something else in the same repository, pushed by plain oras.
+    (tmp_path / "notes.txt").write_text("not a bundle")
+    monkeypatch.chdir(tmp_path)
+    oras.provider.Registry(hostname=registry_server.host, insecure=True).push(
+        f"{repo.removeprefix('oci://')}:foreign", files=["notes.txt"])
+    entries = store.ls(repo)
+    assert [(e.tag, e.digest, e.name, e.size) for e in entries] == [
+        ("a", a.digest, "alpha", a.archive.stat().st_size), ("z", b.digest, "beta", b.archive.stat().st_size)]
+    with pytest.raises(StoreError, match="'foreign' is not a DeepJIT bundle"):
+        store.pull(f"{repo}:foreign", tmp_path / "p")
+
+
+def test_existing_tag_with_other_content_needs_force(registry_server, tmp_path):
+    a, b = make_bundle(tmp_path / "a", 105), make_bundle(tmp_path / "b", 106)
+    s = open_store(fresh_repo(registry_server))
+    first = s.push(a.path, "v1")
+    assert s.push(a.path, "v1") == first
+    with pytest.raises(StoreError, match=f"tag 'v1' already holds {a.digest}, not this bundle .*--force"):
+        s.push(b.path, "v1")
+    assert [e.digest for e in s.ls()] == [a.digest]
+    s.push(b.path, "v1", force=True)
+    assert tree(s.pull("v1", tmp_path / "p")) == tree(b.path)
+    # the old content stays pullable by its pinned digest
+    assert read_bundle(s.pull(first.pinned.rsplit("@", 1)[1], tmp_path / "old")).digest == a.digest
+
+
+def test_unknown_tag_suggests_a_close_one(registry_server, tmp_path):
+    s = open_store(fresh_repo(registry_server))
+    s.push(make_bundle(tmp_path / "a", 107).path, "release-1")
+    with pytest.raises(StoreError, match="no 'release-2' .*did you mean 'release-1'"):
+        s.pull("release-2", tmp_path / "p")
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_pull_refuses_a_layer_damaged_in_the_registry(registry_server, tmp_path, damage):
+    info = make_bundle(tmp_path / "b", 110 + (damage == "flip"))
+    repo = fresh_repo(registry_server)
+    store.push(info.path, f"{repo}:v1")
+    layer = registry_server.blob_path("sha256:" + hashlib.sha256(info.archive.read_bytes()).hexdigest())
+    data = bytearray(layer.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+    else:
+        del data[len(data) // 2:]
+    layer.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="tampered or truncated|downloading blob .* failed"):
+        store.pull(f"{repo}:v1", tmp_path / "pulled")
+    assert not (tmp_path / "pulled").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _race(bundles: list[Path], repo: str, tag: str) -> list[tuple[str, object]]:
+    results: list[tuple[str, object]] = [("", None)] * len(bundles)
+    barrier = threading.Barrier(len(bundles))
+
+    def worker(i: int, bundle: Path) -> None:
+        s = open_store(repo)  # one client per pusher, as separate processes would have
+        barrier.wait()
+        try:
+            results[i] = ("ok", s.push(bundle, tag))
+        except StoreError as e:
+            results[i] = ("refused", str(e))
+
+    threads = [threading.Thread(target=worker, args=(i, b)) for i, b in enumerate(bundles)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
+
+
+def test_concurrent_pushes_of_the_same_content_all_succeed(registry_server, tmp_path):
+    info = make_bundle(tmp_path / "a", 120)
+    repo = fresh_repo(registry_server)
+    results = _race([info.path] * 6, repo, "v1")
+    assert {kind for kind, _ in results} == {"ok"}
+    assert len({r.pinned for _, r in results}) == 1
+    assert read_bundle(store.pull(f"{repo}:v1", tmp_path / "p")).digest == info.digest
+
+
+def test_concurrent_pushes_of_different_content_leave_a_consistent_tag(registry_server, tmp_path):
+    """The registry has no compare-and-swap: what is guaranteed is that the tag ends on one complete
+    bundle, a push that reports success is pullable by its pinned ref, and a refused push says why."""
+    a, b = make_bundle(tmp_path / "a", 121), make_bundle(tmp_path / "b", 122)
+    repo = fresh_repo(registry_server)
+    results = _race([a.path, b.path] * 3, repo, "v1")
+    assert {kind for kind, _ in results} <= {"ok", "refused"}
+    final = read_bundle(store.pull(f"{repo}:v1", tmp_path / "final")).digest
+    assert final in (a.digest, b.digest)
+    assert any(kind == "ok" and r.digest == final for kind, r in results)
+    for i, (kind, r) in enumerate(results):
+        if kind == "ok":
+            assert read_bundle(store.pull(r.pinned, tmp_path / f"ok{i}")).digest == r.digest
+        else:
+            assert "already holds" in r or "concurrent push" in r
+
+
+def test_unreachable_registry_fails_fast(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StoreError, match=f"cannot reach the registry at http://127.0.0.1:{port}"):
+        store.push(make_bundle(tmp_path / "a", 130).path, f"oci://127.0.0.1:{port}/t/x:v1")
+
+
+# ---------------------------------------------------------------------------- credentials
+def test_a_registry_that_needs_credentials_says_how_to_give_them(auth_registry_server, tmp_path, monkeypatch):
+    info = make_bundle(tmp_path / "a", 140)
+    ref = f"{fresh_repo(auth_registry_server)}:v1"
+    with pytest.raises(StoreError, match=f"asks for credentials: set {USER_ENV} and {PASSWORD_ENV}"):
+        store.push(info.path, ref)
+    monkeypatch.setenv(USER_ENV, "deepjit")
+    with pytest.raises(StoreError, match=f"{PASSWORD_ENV} is not set"):
+        store.push(info.path, ref)
+
+
+def test_wrong_password_is_refused_without_showing_it(auth_registry_server, tmp_path, monkeypatch, caplog, capsys):
+    caplog.set_level(logging.DEBUG)
+    wrong = "Wr0ng-" + uuid.uuid4().hex
+    monkeypatch.setenv(USER_ENV, "deepjit")
+    monkeypatch.setenv(PASSWORD_ENV, wrong)
+    with pytest.raises(StoreError, match="refused the credentials") as err:
+        store.push(make_bundle(tmp_path / "a", 141).path, f"{fresh_repo(auth_registry_server)}:v1")
+    encoded = base64.b64encode(f"deepjit:{wrong}".encode()).decode()
+    out = capsys.readouterr()
+    for text in (str(err.value), caplog.text, out.out, out.err):
+        assert wrong not in text and encoded not in text
+
+
+def test_credentials_from_the_environment(auth_registry_server, tmp_path, monkeypatch, caplog, capsys):
+    caplog.set_level(logging.DEBUG)
+    (user, password), = auth_registry_server.users.items()
+    monkeypatch.setenv(USER_ENV, user)
+    monkeypatch.setenv(PASSWORD_ENV, password)
+    info = make_bundle(tmp_path / "a", 142)
+    repo = fresh_repo(auth_registry_server)
+    store.push(info.path, f"{repo}:v1")
+    assert [e.digest for e in store.ls(repo)] == [info.digest]
+    assert tree(store.pull(f"{repo}:v1", tmp_path / "p")) == tree(info.path)
+    out = capsys.readouterr()
+    assert all(password not in text for text in (caplog.text, out.out, out.err))
+
+
+def test_credentials_from_the_docker_config(auth_registry_server, tmp_path):
+    (user, password), = auth_registry_server.users.items()
+    config = tmp_path / "home" / ".docker" / "config.json"
+    config.parent.mkdir(parents=True)
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    config.write_text(json.dumps({"auths": {auth_registry_server.host: {"auth": auth}}}))
+    info = make_bundle(tmp_path / "a", 143)
+    repo = fresh_repo(auth_registry_server)
+    store.push(info.path, f"{repo}:v1")
+    assert read_bundle(store.pull(f"{repo}:v1", tmp_path / "p")).digest == info.digest

@@ -1,0 +1,139 @@
+"""The yolov8_decode preset on synthetic ultralytics exports: both head layouts, static and dynamic,
+opsets 11/17/19, fixed batch. The site's inputs are checked against a numpy decode written from
+docs/semantics.md, i.e. exactly what the yolov8_decode kernel must compute from them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest_models import to_opset11
+from onnx import version_converter
+
+from deepjit_compiler.graph.ort import ort_session
+from deepjit_compiler.surgery.presets import yolov8_decode
+from deepjit_compiler.validation.graph import check_reassembly
+from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
+from deepjit_compiler.surgery.cut import plan_from_model
+from deepjit_compiler.model.synth import synthesize_yolov8
+
+IMGSZ = 320
+STRIDES = [8, 16, 32]
+
+
+def synth(**kw):
+    return synthesize_yolov8("yolov8n", seed=0, imgsz=kw.pop("imgsz", IMGSZ), **kw)
+
+
+def head_names(nl: int = 3) -> list[str]:
+    """What ultralytics' exporter calls the last convs of the box (cv2) and class (cv3) branches."""
+    return [f"/model.22/{b}.{i}/{b}.{i}.2/Conv_output_0" for i in range(nl) for b in ("cv2", "cv3")]
+
+
+def decode_numpy(maps: list[np.ndarray], reg_max: int = 16) -> np.ndarray:
+    """docs/semantics.md: DFL expectation, dist2bbox against (x + 0.5, y + 0.5), times stride; sigmoid."""
+    boxes, scores = [], []
+    for level, stride in enumerate(STRIDES):
+        box, cls = maps[2 * level].astype(np.float64), maps[2 * level + 1].astype(np.float64)
+        b, _, h, w = box.shape
+        logits = box.reshape(b, 4, reg_max, h * w)
+        p = np.exp(logits - logits.max(axis=2, keepdims=True))
+        dist = (p / p.sum(axis=2, keepdims=True) * np.arange(reg_max)[:, None]).sum(axis=2)  # [b, 4, hw]
+        ys, xs = np.meshgrid(np.arange(h) + 0.5, np.arange(w) + 0.5, indexing="ij")
+        anchor = np.stack([xs.ravel(), ys.ravel()])[None]                                       # [1, 2, hw]
+        x1y1, x2y2 = anchor - dist[:, :2], anchor + dist[:, 2:]
+        boxes.append(np.concatenate([(x1y1 + x2y2) / 2, x2y2 - x1y1], axis=1) * stride)
+        scores.append(1 / (1 + np.exp(-cls.reshape(b, cls.shape[1], h * w))))
+    return np.concatenate([np.concatenate(boxes, axis=2), np.concatenate(scores, axis=2)], axis=1)
+
+
+def decode_plan(model, *, nms: bool = False):
+    cuts = [CutRequest("decode", preset="yolov8_decode", kernels=(KernelRequest("yolov8_decode"),))]
+    if nms:
+        cuts.append(CutRequest("nms", add="after", at="output0", kernels=(KernelRequest("nms"),)))
+    return plan_from_model(model, cuts)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("layout", ["separate", "split"])
+def test_preset_finds_the_decode(layout, dynamic):
+    model = synth(head_layout=layout, dynamic=dynamic)
+    match = yolov8_decode(model)
+    assert match.inputs == tuple(head_names()) and match.outputs == ("output0",)
+    f = match.facts
+    assert (f["reg_max"], f["num_classes"], f["strides"], f["head_layout"]) == (16, 80, STRIDES, layout)
+    assert f["anchors_source"] == ("computed" if dynamic else "constant")
+    assert [h["role"] for h in f["head_inputs"]] == ["box", "cls"] * 3
+    assert [h["channels"] for h in f["head_inputs"]] == [64, 80] * 3
+    if dynamic:
+        assert [(lv["height"], lv["width"]) for lv in f["levels"]] == [(f"height/{s}", f"width/{s}") for s in STRIDES]
+        assert f["anchors"] == "anchors" and f["input_size"] == ["height", "width"]
+    else:
+        assert [(lv["height"], lv["width"]) for lv in f["levels"]] == [(IMGSZ // s, IMGSZ // s) for s in STRIDES]
+        assert f["anchors"] == sum((IMGSZ // s) ** 2 for s in STRIDES) and f["input_size"] == [IMGSZ, IMGSZ]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("layout", ["separate", "split"])
+def test_preset_cut_reassembles_and_its_inputs_decode_as_documented(layout, dynamic):
+    model = synth(head_layout=layout, dynamic=dynamic)
+    plan = decode_plan(model, nms=True)
+    assert [s.kind for s in plan.steps] == ["segment", "kernel", "added"]
+    segment, site, _ = plan.steps
+    # The cut absorbed the anchors (constants, or the Shape/Range/Expand subgraph): the segment
+    # keeps no Range, Expand or Shape, the reference reads nothing but the six head maps.
+    decode_ops = {n.op_type for n in segment.model.graph.node if n.name.startswith("/model.22/") and "/cv" not in n.name}
+    assert decode_ops == set()
+    assert not {"Range", "Expand", "Shape", "Softmax"} & {n.op_type for n in segment.model.graph.node}
+    assert [i.name for i in site.reference.graph.input] == head_names()
+    hw = [f"height/{s}" for s in STRIDES] if dynamic else [IMGSZ // s for s in STRIDES]
+    assert [s.shape for s in site.inputs] == [("batch", c, h, w) for h, w in zip(hw, [f"width/{s}" for s in STRIDES]
+                                                                                  if dynamic else hw) for c in (64, 80)]
+    assert site.outputs[0].shape == ("batch", 84, "anchors" if dynamic else 2100)
+
+    report = check_reassembly(plan, model, seed=7, samples=1, batch=2, dims={"height": 256, "width": 320})
+    assert report.passed, report.describe()
+
+    x = np.random.default_rng(1).random((2, 3, 256, 320) if dynamic else (2, 3, IMGSZ, IMGSZ), dtype=np.float32)
+    sess = ort_session(segment.model)
+    maps = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": x})))
+    ref = ort_session(site.reference).run(None, {n: maps[n] for n in head_names()})[0]
+    np.testing.assert_allclose(ref, decode_numpy([maps[n] for n in head_names()]), rtol=1e-5, atol=2e-4)
+    assert (ref[:, 4:].max(axis=1) > 0.25).any()  # the synthetic head does detect something
+
+
+@pytest.mark.parametrize("opset", [11, 19])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_preset_across_opsets(opset, dynamic):
+    base = synth(head_layout="separate" if dynamic else "split", dynamic=dynamic)
+    model = to_opset11(base) if opset == 11 else version_converter.convert_version(base, opset)
+    assert model.opset_import[0].version == opset
+    if opset == 11:  # torch's opset-11 DFL: Transpose -> Softmax(last axis) -> Transpose
+        assert any(n.op_type == "Softmax" and n.attribute[0].i == 3 for n in model.graph.node)
+    match = yolov8_decode(model)
+    assert match.inputs == tuple(head_names()) and match.facts["strides"] == STRIDES
+    plan = decode_plan(model)
+    assert check_reassembly(plan, model, seed=2, samples=1, dims={"height": 320, "width": 256}).passed
+
+
+def test_preset_with_fixed_batch():
+    model = synth(batch=2)
+    plan = decode_plan(model)
+    site = plan.step("decode")
+    assert site.inputs[0].shape == (2, 64, 40, 40) and site.outputs[0].shape == (2, 84, 2100)
+    assert check_reassembly(plan, model, seed=0, samples=1, batch=2).passed
+
+
+@pytest.mark.slow
+def test_preset_when_class_and_box_maps_have_the_same_width():
+    # 64 classes == 4 * reg_max channels: roles come from where each map flows, not its width.
+    for layout in ("separate", "split"):
+        match = yolov8_decode(synth(head_layout=layout, num_classes=64))
+        assert match.inputs == tuple(head_names())
+        assert match.facts["num_classes"] == 64 and [h["role"] for h in match.facts["head_inputs"]] == ["box", "cls"] * 3
+
+
+def test_preset_facts_reach_the_kernel_site():
+    site = decode_plan(synth()).step("decode")
+    assert site.facts["preset"] == "yolov8_decode"
+    assert site.facts["dtypes"] == {"head": "float32", "output": "float32"}
+    assert [h["name"] for h in site.facts["head_inputs"]] == [s.name for s in site.inputs]
+    assert site.facts["ops"]["Softmax"] == 1 and site.facts["ops"]["Conv"] == 1

@@ -1,0 +1,86 @@
+"""Suggested cuts: the small-kernel wall of the synthetic YOLOv8 is the decode the preset finds, and
+every suggestion is a cut surgery accepts as it stands."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+from conftest_models import chain_model, make_model, two_cut_model
+from onnx import TensorProto, helper, numpy_helper
+
+from deepjit_compiler.surgery.presets import yolov8_decode
+from deepjit_compiler.validation.graph import check_reassembly
+from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
+from deepjit_compiler.surgery.cut import plan_from_model
+from deepjit_compiler.surgery.suggest import format_suggestions, suggest_cuts
+from deepjit_compiler.model.synth import synthesize_yolov8
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("layout", ["separate", "split"])
+def test_top_suggestion_on_yolov8_is_the_decode(layout, dynamic):
+    model = synthesize_yolov8("yolov8n", head_layout=layout, dynamic=dynamic, imgsz=320)
+    found = suggest_cuts(model)
+    match = yolov8_decode(model)
+    top = found[0]
+    assert (top.inputs, top.outputs) == (match.inputs, match.outputs)
+    assert top.preset == "yolov8_decode" and top.position == "tail"
+    assert top.nodes > 20 and top.ops["Reshape"] >= 4 and top.ops["Softmax"] == 1 and top.ops["Conv"] == 1
+    assert top.nodes > 4 * found[1].nodes  # the wall stands out from the SiLU/C2f crumbs
+    assert [s.nodes for s in found] == sorted((s.nodes for s in found), reverse=True)
+    spec = yaml.safe_load(top.yaml_snippet(name="decode"))
+    assert spec == {"cuts": [{"name": "decode", "preset": "yolov8_decode", "kernels": [{"contract": "yolov8_decode"}]}]}
+
+
+def test_suggestion_round_trips_through_surgery():
+    # The snippet's boundary cuts cleanly and reassembles bit for bit.
+    top = suggest_cuts(chain_model())[0]
+    assert (top.inputs, top.outputs, top.nodes, top.position) == (("a",), ("mid",), 5, "middle")
+    assert top.ops == {"Sigmoid": 1, "Mul": 1, "Reshape": 2, "Softmax": 1}
+    cut = yaml.safe_load(top.yaml_snippet(name="wall", contract="my_kernel"))["cuts"][0]
+    assert cut == {"name": "wall", "inputs": ["a"], "outputs": ["mid"], "kernels": [{"contract": "my_kernel"}]}
+    plan = plan_from_model(chain_model(), [CutRequest(cut["name"], inputs=cut["inputs"], outputs=cut["outputs"],
+                                                      kernels=(KernelRequest("my_kernel"),))])
+    assert check_reassembly(plan, chain_model(), seed=0, samples=1).passed
+
+
+def test_regions_between_heavy_ops_are_found_and_ranked():
+    found = suggest_cuts(two_cut_model())
+    assert [(s.inputs, s.outputs, s.nodes) for s in found] == [(("a",), ("m1",), 2), (("b",), ("m2",), 2)] or \
+        [(s.inputs, s.outputs, s.nodes) for s in found] == [(("b",), ("m2",), 2), (("a",), ("m1",), 2)]
+    # The lone Add after the last conv is a single launch: not worth a kernel by default.
+    assert all(s.nodes >= 2 for s in found)
+    assert len(suggest_cuts(two_cut_model(), min_nodes=1)) == 3
+
+
+def c2f_model():
+    """A C2f-like block: Split -> conv -> Concat(split outputs, conv output). {Split, Concat} is a
+    connected cheap region, but not convex (a path leaves through the conv and comes back)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32), "w")
+    sizes = numpy_helper.from_array(np.array([4, 4], np.int64), "sizes")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Split", ["r", "sizes"], ["s0", "s1"], name="split", axis=1),
+             helper.make_node("Conv", ["s1", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["cs"], name="sigmoid"),
+             helper.make_node("Concat", ["s0", "s1", "cs"], ["y"], name="concat", axis=1)]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 6, 6])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 12, 6, 6])], [w, sizes])
+
+
+def test_non_convex_regions_are_split_into_cuttable_pieces():
+    found = suggest_cuts(c2f_model(), min_nodes=1)
+    assert {(s.inputs, s.outputs) for s in found} == {(("x",), ("s0", "s1")), (("c", "s0", "s1"), ("y",))}
+    by_out = {s.outputs: s for s in found}
+    assert by_out[("s0", "s1")].position == "head" and by_out[("y",)].position == "tail"
+    for s in found:  # each one cuts as it stands
+        plan = plan_from_model(c2f_model(), [CutRequest("w", inputs=s.inputs, outputs=s.outputs,
+                                                        kernels=(KernelRequest("k"),))])
+        assert check_reassembly(plan, c2f_model(), seed=0, samples=1).passed
+
+
+def test_format_suggestions_prints_boundary_mix_and_yaml():
+    text = format_suggestions(suggest_cuts(chain_model()))
+    assert text.startswith("1. 5 nodes at the middle")
+    assert "ops: Reshape x2, Sigmoid x1, Mul x1, Softmax x1" in text  # most common first
+    assert "inputs:  a" in text and "outputs: mid" in text and "- name: wall_1" in text
+    assert format_suggestions([]) == "no region of cheap ops worth a kernel was found"

@@ -1,0 +1,317 @@
+"""Graph surgery on tiny models: segments and kernel sites, their order and wiring, every error."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest_models import (chain_model, mystery_model, parallel_model, shape_model, tiny_detector,
+                             two_cut_model)
+
+from deepjit_compiler.errors import SurgeryError
+from deepjit_compiler.graph.serialize import MAX_IR_VERSION, pin_ir_version
+from deepjit_compiler.graph.tensors import TensorSig, value_info_map
+from deepjit_compiler.graph.ort import ort_session
+from deepjit_compiler.validation.graph import check_reassembly
+from deepjit_compiler.graph.shapes import _ort_run_infos as ort_run_infos
+from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes
+from deepjit_compiler.surgery.plan import AddedStage
+from deepjit_compiler.surgery.plan import CutRequest, KernelRequest, KernelSite, Segment
+from deepjit_compiler.surgery.cut import plan_from_model
+
+
+def cut(name, inputs=None, outputs=None, **kw):
+    return CutRequest(name, inputs=inputs, outputs=outputs, kernels=(KernelRequest(kw.pop("contract", name)),), **kw)
+
+
+def run(model: onnx.ModelProto, **feed) -> dict[str, np.ndarray]:
+    sess = ort_session(model)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feed)))
+
+
+def kinds(plan):
+    return [(s.kind, s.name) for s in plan.steps]
+
+
+def names(sigs):
+    return [s.name for s in sigs]
+
+
+# --- cuts and segments --------------------------------------------------------------------------
+
+
+def test_mid_cut_splits_the_model_in_two_segments():
+    plan = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])])
+    assert kinds(plan) == [("segment", "segment_0"), ("kernel", "soft"), ("segment", "segment_1")]
+    seg0, site, seg1 = plan.steps
+    assert isinstance(seg0, Segment) and isinstance(site, KernelSite) and isinstance(seg1, Segment)
+    assert names(seg0.inputs) == ["x"] and names(seg0.outputs) == ["a"]
+    assert names(site.inputs) == ["a"] and names(site.outputs) == ["mid"]
+    assert names(seg1.inputs) == ["mid"] and names(seg1.outputs) == ["y"]
+    assert site.inputs[0] == TensorSig("a", "float32", ("N", 8, 8, 8))  # symbolic batch kept
+    assert sorted(n.op_type for n in site.reference.graph.node) == ["Mul", "Reshape", "Reshape", "Sigmoid", "Softmax"]
+    assert [n.op_type for n in seg0.model.graph.node] == ["Conv"]
+    assert [n.op_type for n in seg1.model.graph.node] == ["Conv", "Relu"]
+    for s in plan.steps:
+        onnx.checker.check_model(s.onnx, full_check=True)
+        assert s.onnx.ir_version <= MAX_IR_VERSION
+
+
+def test_kernel_site_reference_computes_the_cut_region():
+    plan = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])])
+    a = np.random.default_rng(0).standard_normal((3, 8, 8, 8)).astype(np.float32)
+    got = run(plan.step("soft").reference, a=a)["mid"]
+    silu = (a / (1 + np.exp(-a.astype(np.float64)))).reshape(3, 8, 64)
+    e = np.exp(silu - silu.max(axis=2, keepdims=True))
+    np.testing.assert_allclose(got, (e / e.sum(axis=2, keepdims=True)).reshape(3, 8, 8, 8), rtol=1e-5, atol=1e-7)
+
+
+def test_manual_cut_facts_name_the_boundary():
+    site = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])]).step("soft")
+    assert site.facts["inputs"] == [{"name": "a", "dtype": "float32", "shape": ["N", 8, 8, 8]}]
+    assert site.facts["outputs"] == [{"name": "mid", "dtype": "float32", "shape": ["N", 8, 8, 8]}]
+    assert site.facts["nodes"] == 5 and site.facts["ops"]["Reshape"] == 2
+    assert [k.contract for k in site.kernels] == ["soft"]
+
+
+def test_cut_at_the_tail_leaves_one_segment():
+    plan = plan_from_model(chain_model(), [cut("tail", ["b"], ["y"])])
+    assert kinds(plan) == [("segment", "segment"), ("kernel", "tail")]
+    assert names(plan.outputs) == ["y"] and names(plan.inputs) == ["x"]
+
+
+def test_cut_at_the_head_reads_the_model_input():
+    plan = plan_from_model(chain_model(), [cut("head", ["x"], ["a"])])
+    assert kinds(plan) == [("kernel", "head"), ("segment", "segment")]
+    assert [n.op_type for n in plan.step("head").reference.graph.node] == ["Conv"]
+
+
+def test_two_cuts_give_three_segments_and_carry_the_skip_tensor():
+    plan = plan_from_model(two_cut_model(), [cut("silu", ["a"], ["m1"]), cut("soft", ["b"], ["m2"])])
+    assert kinds(plan) == [("segment", "segment_0"), ("kernel", "silu"), ("segment", "segment_1"),
+                           ("kernel", "soft"), ("segment", "segment_2")]
+    last = plan.step("segment_2")
+    assert names(last.inputs) == ["m2", "a"]  # 'a' comes from segment_0, past both cuts
+    assert names(plan.step("segment_0").outputs) == ["a"]
+    assert check_reassembly(plan, two_cut_model(), seed=0, samples=2, batch=2).passed
+
+
+def test_independent_cuts_run_one_after_the_other():
+    plan = plan_from_model(parallel_model(), [cut("left", ["a"], ["p1"]), cut("right", ["a"], ["p2"])])
+    assert kinds(plan) == [("segment", "segment_0"), ("kernel", "left"), ("kernel", "right"), ("segment", "segment_1")]
+    assert names(plan.step("segment_1").inputs) == ["p1", "p2"]
+    assert check_reassembly(plan, parallel_model(), seed=0, samples=1).passed
+
+
+def test_constants_are_copied_into_every_piece_that_needs_them():
+    # 'flat'/'unflat' are initializers used inside the cut only; conv weights stay in the segments.
+    plan = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])])
+    ref_inits = {t.name for t in plan.step("soft").reference.graph.initializer}
+    assert ref_inits == {"flat", "unflat"}
+    assert {t.name for t in plan.step("segment_0").model.graph.initializer} == {"w0"}
+
+
+def test_shape_read_outside_the_cut_is_taken_from_an_input_with_the_same_dims():
+    model = shape_model()
+    plan = plan_from_model(model, [cut("head", ["g"], ["y"])])
+    site = plan.step("head")
+    assert [i.name for i in site.reference.graph.input] == ["g"]
+    assert site.facts["shape_reads"] == {"a": "g"}
+    assert names(plan.step("segment").outputs) == ["g"]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 4, 6, 10)).astype(np.float32)
+    g = run(plan.step("segment").model, x=x)["g"]
+    np.testing.assert_array_equal(run(site.reference, g=g)["y"], run(model, x=x)["y"])
+    assert check_reassembly(plan, model, seed=3, samples=2, dims={"H": 6, "W": 10}).passed
+
+
+def test_plan_write_is_atomic_deterministic_and_loadable(tmp_path):
+    cuts = [cut("silu", ["a"], ["m1"]), cut("soft", ["b"], ["m2"])]
+    paths = plan_from_model(two_cut_model(), cuts).write(tmp_path / "one")
+    again = plan_from_model(two_cut_model(), cuts).write(tmp_path / "two")
+    assert paths == again == {"segment_0": "segments/segment_0.onnx", "silu": "references/silu.onnx",
+                              "segment_1": "segments/segment_1.onnx", "soft": "references/soft.onnx",
+                              "segment_2": "segments/segment_2.onnx"}
+    for rel in paths.values():
+        assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes()
+        onnx.checker.check_model(onnx.load(tmp_path / "one" / rel), full_check=True)
+    assert not [p for p in (tmp_path / "one").rglob(".*")]  # no temp files left behind
+
+
+def test_plan_summary_is_plain_data():
+    import json
+
+    plan = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])])
+    summary = json.loads(json.dumps(plan.summary()))
+    assert [s["kind"] for s in summary] == ["segment", "kernel", "segment"]
+    assert summary[1]["facts"]["inputs"][0]["shape"] == ["N", 8, 8, 8]
+    assert summary[0]["ops"] == {"Conv": 1}
+
+
+# --- added stages -------------------------------------------------------------------------------
+
+
+def detector_cuts(**params):
+    return [CutRequest("nms", add="after", at="output0", kernels=(KernelRequest("nms", params.get("nms", {})),)),
+            CutRequest("lb", add="before", at="images",
+                       kernels=(KernelRequest("letterbox", params.get("letterbox", {"size": 32})),))]
+
+
+def test_added_stages_wrap_the_model_and_replace_its_inputs_and_outputs():
+    # conf_threshold 0.01: tiny_detector's scores stay below the default 0.25, and a reassembly check
+    # over NMS outputs with no detection in them would compare nothing but zeros.
+    plan = plan_from_model(tiny_detector(), detector_cuts(nms={"max_det": 5, "iou_threshold": 0.5,
+                                                               "conf_threshold": 0.01}))
+    assert kinds(plan) == [("added", "lb"), ("segment", "segment"), ("added", "nms")]
+    lb, _, nms = plan.steps
+    assert isinstance(lb, AddedStage) and lb.position == "before" and nms.position == "after"
+    assert plan.inputs == (TensorSig("raw_images", "uint8", ("batch", "height", "width", 3)),)
+    assert names(plan.outputs) == ["num_dets", "boxes", "scores", "classes", "ratio_pad"]
+    assert plan.step("nms").outputs[1] == TensorSig("boxes", "float32", ("batch", 5, 4))
+    assert nms.params == {"conf_threshold": 0.01, "iou_threshold": 0.5, "max_det": 5, "agnostic": False, "num_classes": 3}
+    assert plan_from_model(tiny_detector(), detector_cuts()).step("nms").params == {
+        "conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False, "num_classes": 3}  # defaults
+    assert names(nms.inputs) == ["output0"] and lb.outputs[0] == TensorSig("images", "float32", ("N", 3, 32, 32))
+    report = check_reassembly(plan, tiny_detector(), seed=0, samples=2, batch=2, dims={"height": 40, "width": 24})
+    assert report.passed, report.describe()
+
+
+def test_added_stage_and_cut_together():
+    cuts = [CutRequest("decode", inputs=["flat_out"], outputs=["output0"], kernels=(KernelRequest("decode"),)),
+            *detector_cuts()]
+    plan = plan_from_model(tiny_detector(), cuts)
+    assert kinds(plan) == [("added", "lb"), ("segment", "segment"), ("kernel", "decode"), ("added", "nms")]
+    assert check_reassembly(plan, tiny_detector(), seed=1, samples=1).passed
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cuts, message", [
+    ([cut("soft", ["a"], ["mdi"])], "cut 'soft': tensor 'mdi' is not in the model (did you mean 'mid'?)"),
+    ([cut("soft", ["sig"], ["silu"])], "cut 'soft' contains the model input 'x' (used by node 'conv0')"),
+    ([cut("soft", ["a", "x"], ["mid"])], "cut 'soft': input 'x' does not lead to any of the cut's outputs"),
+    ([cut("soft", ["a"], ["a"])], "cut 'soft': tensor 'a' is both an input and an output"),
+    ([cut("soft", ["w0"], ["mid"])], "cut 'soft': input 'w0' is a constant"),
+    ([cut("soft", [], ["mid"])], "cut 'soft': `inputs` is empty"),
+    ([cut("soft", ["a", "a"], ["mid"])], "cut 'soft': tensor 'a' is listed twice in `inputs`"),
+    ([cut("one", ["a"], ["mid"]), cut("two", ["silu"], ["sm"])], "cuts 'one' and 'two' overlap: both contain node 'flatten'"),
+    ([cut("one", ["a"], ["mid"]), cut("one", ["b"], ["y"])], "two cuts are named 'one'"),
+    ([cut("segment_0", ["a"], ["mid"])], "cut name 'segment_0' is reserved"),
+    ([CutRequest("p", preset="yolov8_decod", kernels=(KernelRequest("x"),))],
+     "cut 'p': unknown preset 'yolov8_decod' (did you mean 'yolov8_decode'?)"),
+    ([CutRequest("p", preset="yolov8_decode", kernels=(KernelRequest("x"),))], "cut 'p': preset 'yolov8_decode' found no DFL"),
+])
+def test_cut_errors(cuts, message):
+    with pytest.raises(SurgeryError) as e:
+        plan_from_model(chain_model(), cuts)
+    assert message in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_cut_not_closed_names_the_consumer_outside():
+    with pytest.raises(SurgeryError, match="cut 'soft' is not closed: 'silu' is removed but used by node 'aux_mean' "
+                                           "outside the cut"):
+        plan_from_model(chain_model(aux=True), [cut("soft", ["a"], ["mid"])])
+
+
+def test_cut_not_closed_when_it_removes_a_model_output():
+    model = chain_model()
+    model.graph.output.append(onnx.helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, ["N", 8, 64]))
+    with pytest.raises(SurgeryError, match="cut 'soft' is not closed: 'r' is removed but is a model output"):
+        plan_from_model(model, [cut("soft", ["a"], ["mid"])])
+    plan = plan_from_model(model, [cut("soft", ["a"], ["r", "mid"])])
+    assert names(plan.outputs) == ["y", "r"] and names(plan.step("soft").outputs) == ["r", "mid"]
+
+
+def test_cut_that_is_not_convex():
+    # inputs a and c = conv1(m1) where m1 is an output: m1 leaves the cut and comes back through conv1.
+    model = two_cut_model()
+    with pytest.raises(SurgeryError, match="cut 'loop' is not convex: its outputs flow through node 'conv1'"):
+        plan_from_model(model, [cut("loop", ["a", "b"], ["m1", "m2"])])
+
+
+def test_boundary_whose_type_cannot_be_inferred(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SurgeryError, match="cut 'tail': cannot infer the dtype and shape of tensor 'm'"):
+        plan_from_model(mystery_model(), [cut("tail", ["m"], ["y"])])
+    assert list(tmp_path.iterdir()) == []  # ONNX Runtime's failed attempt leaves no file behind
+
+
+def test_shape_read_without_a_matching_input():
+    with pytest.raises(SurgeryError, match="cut 'head': node 'shape' reads the shape of 'a', which is outside the "
+                                           "cut, and no cut input has the same dims; add 'a' to the cut's inputs"):
+        plan_from_model(shape_model(read_channels=True), [cut("head", ["g"], ["y"])])
+    # Listing it as an input works (the reference then reads it).
+    plan = plan_from_model(shape_model(read_channels=True), [cut("head", ["g", "a"], ["y"])])
+    assert names(plan.step("head").inputs) == ["g", "a"]
+
+
+@pytest.mark.parametrize("cuts, message", [
+    ([CutRequest("lb", add="before", at="image", kernels=(KernelRequest("letterbox", {"size": 32}),))],
+     "added stage 'lb': `at: image` is not a model input (did you mean 'images'?)"),
+    ([CutRequest("lb", add="before", at="images", kernels=(KernelRequest("letterbox"),))],
+     "letterbox makes [B, 3, 640, 640] but model input 'images' is ['N', 3, 32, 32]"),
+    ([CutRequest("lb", add="before", at="images", kernels=(KernelRequest("letterbox", {"size": 32, "dtype": "float16"}),))],
+     "letterbox dtype 'float16' does not match model input 'images' (float32)"),
+    ([CutRequest("lb", add="before", at="images", kernels=(KernelRequest("nms"),))],
+     "added stage 'lb': no reference for kernel 'nms' before the model"),
+    ([CutRequest("n", add="after", at="output", kernels=(KernelRequest("nms"),))],
+     "added stage 'n': `at: output` is not a model output (did you mean 'output0'?)"),
+    ([CutRequest("n", add="after", at="output0", kernels=(KernelRequest("topk"),))],
+     "added stage 'n': no reference for kernel 'topk' after the model"),
+    ([CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms", {"max_det": -1}),))],
+     "added stage 'n': nms: max_det must be a positive integer"),
+    ([CutRequest("n", add="after", at="output0", kernels=())], "added stage 'n' needs a kernel"),
+    ([CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms"),)),
+      CutRequest("m", add="after", at="output0", kernels=(KernelRequest("nms"),))], "both attach at 'output0'"),
+    ([CutRequest("n", add="sideways", at="output0", kernels=(KernelRequest("nms"),))], "add must be 'before' or 'after'"),
+])
+def test_added_stage_errors(cuts, message):
+    with pytest.raises(SurgeryError) as e:
+        plan_from_model(tiny_detector(), cuts)
+    assert message in str(e.value)
+
+
+def test_added_stage_refuses_to_shadow_a_model_tensor():
+    model = tiny_detector()
+    for n in model.graph.node:
+        n.output[:] = ["boxes" if o == "box" else o for o in n.output]
+        n.input[:] = ["boxes" if i == "box" else i for i in n.input]
+    with pytest.raises(SurgeryError, match="produces tensor 'boxes', but the model already has one"):
+        plan_from_model(model, [CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms"),))])
+
+
+def test_nms_needs_a_detections_shaped_output():
+    with pytest.raises(SurgeryError, match=r"nms needs detections float32 \[B, 4 \+ nc, anchors\]"):
+        plan_from_model(chain_model(), [CutRequest("n", add="after", at="y", kernels=(KernelRequest("nms"),))])
+
+
+# --- onnx helpers -------------------------------------------------------------------------------
+
+
+def test_pin_ir_version_caps_at_what_onnxruntime_reads():
+    m = chain_model()
+    m.ir_version = onnx.IR_VERSION
+    assert pin_ir_version(m).ir_version == min(onnx.IR_VERSION, MAX_IR_VERSION)
+    m.ir_version = 7
+    assert pin_ir_version(m).ir_version == 8  # opset 17 needs IR 8
+
+
+def test_onnxruntime_fills_what_onnx_shape_inference_misses():
+    # com.microsoft ops are unknown to onnx, known to ONNX Runtime's symbolic shape inference.
+    from conftest_models import make_model
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("QuickGelu", ["a"], ["b"], domain="com.microsoft"),
+             helper.make_node("Relu", ["b"], ["y"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], domains=["com.microsoft"])
+    inferred = infer_shapes(model)
+    assert "b" not in value_info_map(inferred)
+    done, missing = complete_value_info(inferred, ["b"])
+    assert missing == []
+    assert [d.dim_param or d.dim_value for d in value_info_map(done)["b"].type.tensor_type.shape.dim] == ["N", 4]
+    # The last resort runs the model twice: dims that change with the input size stay symbolic.
+    infos = ort_run_infos(model, ["b"])
+    assert [d.dim_param or d.dim_value for d in infos["b"].type.tensor_type.shape.dim] == ["b:0", 4]

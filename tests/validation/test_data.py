@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+
+from deepjit_compiler.validation.data import concrete_shape, folder_feeds, random_feeds
+from deepjit_compiler.errors import SpecError
+
+
+def test_random_feeds_are_seeded_and_in_range():
+    inputs = {"images": ("float32", (2, 3, 8, 8)), "raw": ("uint8", (1, 5, 5, 3))}
+    a = random_feeds(inputs, seed=7, samples=3, ranges={"images": (-2.0, 3.0)})
+    b = random_feeds(inputs, seed=7, samples=3, ranges={"images": (-2.0, 3.0)})
+    c = random_feeds(inputs, seed=8, samples=3, ranges={"images": (-2.0, 3.0)})
+    assert len(a) == 3 and all(np.array_equal(x["images"], y["images"]) for x, y in zip(a, b))
+    assert not np.array_equal(a[0]["images"], c[0]["images"])
+    assert not np.array_equal(a[0]["images"], a[1]["images"])  # fresh data per sample
+    imgs = np.stack([f["images"] for f in a])
+    assert imgs.min() >= -2.0 and imgs.max() < 3.0 and imgs.std() > 1.0
+    raw = a[0]["raw"]
+    assert raw.dtype == np.uint8 and raw.max() > 200 and raw.min() < 50
+
+
+def test_concrete_shape_binds_batch_and_fallback_dims():
+    assert concrete_shape(["batch", 3, 640, 640], 2) == (2, 3, 640, 640)
+    assert concrete_shape(["b", 3, "h", "w"], 1, fallback=(4, 3, 320, 480)) == (1, 3, 320, 480)
+    with pytest.raises(SpecError, match="dim 2"):
+        concrete_shape(["b", 3, "h"], 1)
+
+
+def test_folder_feeds_load_npy_samples_in_order_and_check_dtype(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(1, 3, 4, 4)).astype(np.float32) for _ in range(2)]
+    for k, a in enumerate(arrays):
+        np.save(tmp_path / f"images_{k}.npy", a)
+    feeds = folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
+    assert [np.array_equal(f["images"], a) for f, a in zip(feeds, arrays)] == [True, True]
+    np.save(tmp_path / "images_2.npy", arrays[0].astype(np.float64))
+    with pytest.raises(SpecError, match="images_2.npy: expected float32"):
+        folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
+    with pytest.raises(SpecError, match="<input>_<k>.npy"):
+        folder_feeds(tmp_path, {"other": ("float32", (1,))})
+
+
+def test_folder_of_images_is_read_as_bgr_and_letterboxed(tmp_path):
+    from PIL import Image
+
+    from deepjit_compiler.graph.ort import ort_session
+    from deepjit_compiler.surgery.references import letterbox_reference
+
+    rng = np.random.default_rng(5)
+    rgb = rng.integers(0, 256, size=(48, 80, 3), dtype=np.uint8)  # wide: padded above and below
+    Image.fromarray(rgb).save(tmp_path / "a.png")
+    (feed,) = folder_feeds(tmp_path, {"images": ("float32", (1, 3, 64, 64))})
+    x = feed["images"]
+    assert x.shape == (1, 3, 64, 64) and x.dtype == np.float32
+    # By hand: r = min(64/48, 64/80) = 0.8, content 64 x 38 at top = round(13 - 0.1) = 13, rows 13..50.
+    pad = np.float32(114) / np.float32(255)
+    assert (x[0, :, :13] == pad).all() and (x[0, :, 51:] == pad).all()
+    assert not (x[0, :, 13] == pad).all() and not (x[0, :, 50] == pad).all()
+    # Against the ONNX letterbox reference run by ONNX Runtime (data.py letterboxes in numpy): the
+    # file is read as OpenCV would (BGR) and the letterbox swaps it back to RGB.
+    bgr = np.ascontiguousarray(rgb[None, :, :, ::-1])
+    want = ort_session(letterbox_reference(size=64, swap_rb=True)).run(["images"], {"raw_images": bgr})[0]
+    np.testing.assert_allclose(x, want, atol=2e-5, rtol=0)
+    (raw,) = folder_feeds(tmp_path, {"raw_images": ("uint8", (1, 48, 80, 3))})
+    assert np.array_equal(raw["raw_images"][0], rgb[:, :, ::-1])
+    with pytest.raises(SpecError, match="takes no images"):
+        folder_feeds(tmp_path, {"x": ("float32", (1, 10))})
