@@ -1,19 +1,21 @@
 """The build: the only module that knows the order of the stages.
 
 model -> surgery -> graph level (reassembly) -> precision (+ its level) -> kernels (NVRTC) ->
-engines -> GPU levels when a GPU is here -> gate -> bundle (or rejected/) -> publish.
+engines -> bundle staged -> GPU levels when a GPU is here -> gate -> bundle committed (or rejected/)
+-> publish.
 """
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .bundle.contents import bundle_files, bundle_manifest
-from .bundle.folder import read_bundle, update_bundle, write_bundle
-from .engines import EngineSettings, decide, engine_from_segment, local_device_sm
+from .bundle.folder import StagedBundle
+from .engines import EngineSettings, decide, engine_from_segment
 from .errors import GateFailed
 from .files import atomic_write, replace_dir
 from .jit.nvrtc import compile_site_kernels
@@ -91,7 +93,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         return result
 
     report_dir = _fresh_report_dir(spec.bundle.path)
-    feeds = feeds_for(spec, plan)
+    feeds = feeds_for(spec, plan.inputs)
     with times.stage("graph"):
         report = GateReport().with_levels(graph_level(spec, plan, resolved.model))
     with times.stage("precision"):
@@ -111,9 +113,13 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
 
     files = bundle_files(loaded, resolved, plan, result.kernels, artifacts)
     manifest = bundle_manifest(loaded, resolved, plan, result.kernels, settings, result.decision, artifacts, report)
-    with times.stage("bundle"):
-        result.bundle, report = _write_and_validate(spec, files, manifest, report, report_dir)
-    result.report = report
+    # Written once: the GPU levels (where a GPU is) run on the staged files, then the manifest with
+    # their record goes in and the bundle moves to its path, or under rejected/ if the gate says no.
+    with times.stage("bundle"), StagedBundle(spec.bundle.path, files) as staged:
+        result.report = report = report.with_levels(*gpu_levels(staged.view(manifest), spec, report_dir))
+        passed = report.passed or not spec.validation.gate
+        dest = spec.bundle.path if passed else spec.bundle.path.parent / "rejected" / spec.bundle.path.name
+        result.bundle = staged.commit(dest, {**manifest, "validation": report.to_record()})
     if result.bundle.path != spec.bundle.path:  # rejected: the report goes with the bundle
         result.rejected = result.bundle.path
         replace_dir(report_dir, Path(f"{result.bundle.path}.report"))
@@ -145,33 +151,10 @@ def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
 
 def _fresh_report_dir(bundle_path: Path) -> Path:
     """`<bundle>.report/`: Polygraphy RunResults per level and build-report.json (timings)."""
-    import shutil
-
     folder = Path(f"{bundle_path}.report")
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     return folder
-
-
-def _write_and_validate(spec, files, manifest, report: GateReport, report_dir: Path):
-    """Write the bundle into a staging folder, run the GPU levels there when a GPU is present, then
-    move it to the bundle path if the gate passes, or under rejected/ if it fails."""
-    dest = spec.bundle.path
-    has_gpu = local_device_sm() is not None
-    if not has_gpu:  # recorded as not run, in the bundle as first written
-        report = report.with_levels(*gpu_levels(None, spec))
-        manifest = {**manifest, "validation": report.to_record()}
-    # With a GPU the bundle is rewritten with the GPU levels' record: only that one gets its archive.
-    info = write_bundle(dest.parent / f".{dest.name}.staging", files, manifest, archive=not has_gpu)
-    if has_gpu:
-        report = report.with_levels(*gpu_levels(info.path, spec, report_dir))
-        info = update_bundle(info.path, {}, {"validation": report.to_record()})
-    final = dest if report.passed or not spec.validation.gate else dest.parent / "rejected" / dest.name
-    final.parent.mkdir(parents=True, exist_ok=True)
-    replace_dir(info.path, final)
-    info.archive.replace(f"{final}.tar.gz")
-    bundle = read_bundle(final)
-    return type(info)(final, Path(f"{final}.tar.gz"), bundle.digest, bundle.manifest), report
 
 
 def _write_report(result: BuildResult) -> None:

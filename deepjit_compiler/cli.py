@@ -8,9 +8,16 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, store
 from . import log as logsetup
+from .build import build_pipeline
 from .errors import DeepJITError
+from .materialize import materialize_bundle
+from .model.synth import write_synthetic
+from .report import inspect_target, print_build
+from .runtime.run import bench_bundle, format_bench, format_run, run_bundle
+from .spec.load import json_schema
+from .validation.gpu import validate_bundle
 
 EXISTING = click.Path(exists=True, path_type=Path)
 
@@ -35,9 +42,6 @@ def cli(verbose: bool, quiet: bool) -> None:
 @click.option("--no-publish", is_flag=True, help="Skip the spec's `publish:` step.")
 def build(spec: Path, dry_run: bool, as_json: bool, no_publish: bool) -> None:
     """Build the pipeline described by SPEC (a YAML file)."""
-    from .build import build_pipeline
-    from .report import print_build
-
     result = build_pipeline(spec, dry_run=dry_run, publish=not no_publish)
     _emit_json(result.to_dict()) if as_json else print_build(result)
     if result.gate_failed:
@@ -47,8 +51,6 @@ def build(spec: Path, dry_run: bool, as_json: bool, no_publish: bool) -> None:
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of the spec language (for editors)."""
-    from .spec.load import json_schema
-
     _emit_json(json_schema())
 
 
@@ -67,8 +69,6 @@ def model() -> None:
 @click.option("--batch", type=int, default=None, help="A fixed batch size (default: symbolic 'batch').")
 def model_synth(variant: str, output: Path, seed: int, dynamic: bool, head_layout: str, batch: int | None) -> None:
     """Write a synthetic YOLOv8 detection ONNX whose graph matches an ultralytics export."""
-    from .model.synth import write_synthetic
-
     path = write_synthetic(variant, output, seed=seed, dynamic=dynamic, head_layout=head_layout, batch=batch)
     click.echo(f"wrote {path}")
 
@@ -79,8 +79,6 @@ def model_synth(variant: str, output: Path, seed: int, dynamic: bool, head_layou
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON on stdout.")
 def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
     """Describe an ONNX model or a DeepJIT bundle (a folder or .tar.gz)."""
-    from .report import inspect_target
-
     info = inspect_target(target, suggest_cuts=suggest_cuts)
     _emit_json(info.data) if as_json else click.echo(info.text)
 
@@ -95,8 +93,6 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
     """Run BUNDLE on images or tensors on this GPU; boxes are mapped back to the original images."""
-    from .runtime.run import format_run, run_bundle
-
     result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph)
     _emit_json(result) if as_json else click.echo(format_run(result))
 
@@ -111,8 +107,6 @@ def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, as_json) -> None:
     """Latency p50/p95/p99 (whole call and GPU part), throughput and launches per inference."""
-    from .runtime.run import bench_bundle, format_bench
-
     try:
         sizes = [int(b) for b in batches.split(",")] if batches else None
     except ValueError:
@@ -126,8 +120,6 @@ def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, as_json) -> No
 @click.option("--json", "as_json", is_flag=True)
 def validate(bundle: Path, as_json: bool) -> None:
     """Re-run the validation levels this machine can run (kernels, end_to_end on a GPU) and record them."""
-    from .validation.gpu import validate_bundle
-
     updated, levels = validate_bundle(bundle)
     record = updated.manifest["validation"]
     if as_json:
@@ -144,8 +136,6 @@ def validate(bundle: Path, as_json: bool) -> None:
 @click.option("--timing-cache", type=click.Path(path_type=Path), help="TensorRT timing cache to load and save.")
 def materialize(bundle: Path, timing_cache: Path | None) -> None:
     """Build BUNDLE's deferred TensorRT plans on this (target) GPU, check and record them."""
-    from .materialize import materialize_bundle
-
     info, report = materialize_bundle(bundle, timing_cache=timing_cache)
     click.echo(f"materialized {info.path} ({info.digest})")
     if not report.passed:
@@ -160,8 +150,6 @@ def materialize(bundle: Path, timing_cache: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def push(bundle: Path, ref: str, force: bool, as_json: bool) -> None:
     """Push BUNDLE (folder or .tar.gz) to REF: file://PATH:TAG, oci://HOST[:PORT]/REPO:TAG, or a bare TAG."""
-    from . import store
-
     result = store.push(bundle, ref, force=force)
     data = {"ref": result.ref, "digest": result.digest, "pinned": result.pinned}
     _emit_json(data) if as_json else click.echo(f"pushed {result.ref}\ndigest {result.digest}\npinned {result.pinned}")
@@ -172,8 +160,6 @@ def push(bundle: Path, ref: str, force: bool, as_json: bool) -> None:
 @click.argument("dest", required=False, type=click.Path(path_type=Path))
 def pull(ref: str, dest: Path | None) -> None:
     """Pull REF into DEST (default ./TAG), verifying every digest."""
-    from . import store
-
     click.echo(f"pulled {ref} into {store.pull(ref, dest)}")
 
 
@@ -182,8 +168,6 @@ def pull(ref: str, dest: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def ls_(store_url: str, as_json: bool) -> None:
     """List the tags in STORE (file://PATH or oci://HOST[:PORT]/REPO)."""
-    from . import store
-
     entries = store.ls(store_url)
     if as_json:
         _emit_json([{"tag": e.tag, "digest": e.digest, "name": e.name, "size": e.size} for e in entries])

@@ -8,6 +8,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from rich.console import Console
+
 from . import config
 
 log = logging.getLogger("deepjit")
@@ -44,7 +46,6 @@ def _spinner(name: str):
     if not sys.stderr.isatty():
         yield
         return
-    from rich.console import Console
 
     done = threading.Event()
     status_box: list = []

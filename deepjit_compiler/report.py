@@ -9,6 +9,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .bundle.folder import describe, read_bundle
+from .model.info import describe_model, load_model
+from .surgery.suggest import format_suggestions
+from .surgery.suggest import suggest_cuts as find
+
 
 def _console(file=None) -> Console:
     return Console(file=file, highlight=False, soft_wrap=True)
@@ -64,19 +69,13 @@ class Inspection:
 def inspect_target(target: Path, *, suggest_cuts: bool = False) -> Inspection:
     """A bundle (folder with manifest.json, or .tar.gz) or an ONNX model."""
     if (target / "manifest.json").exists() or target.name.endswith(".tar.gz"):
-        from .bundle.folder import describe, read_bundle
-
         data = describe(read_bundle(target))
         return Inspection(data, _render_bundle(data))
-    from .model.info import describe_model, load_model
 
     model = load_model(target)
     data = describe_model(model).to_dict()
     text = _render_model(target, data)
     if suggest_cuts:
-        from .surgery.suggest import format_suggestions
-        from .surgery.suggest import suggest_cuts as find
-
         found = find(model)
         data["suggested_cuts"] = [s.to_dict() for s in found]
         text += "\nsuggested cuts (the small-kernel wall, largest first):\n" + format_suggestions(found)

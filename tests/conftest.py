@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import registry  # tests/registry.py: a real OCI registry on loopback
 
 # Its fixtures, for every test module. Bound by assignment rather than `from registry import ...` in

@@ -3,12 +3,11 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import YOLOV8N_T4, run_cli
 
 from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.errors import StoreError
-
-from conftest import YOLOV8N_T4, run_cli
 
 N = YOLOV8N_T4  # tests/validation/test_gate_gpu.py builds the same variant
 

@@ -2,7 +2,6 @@
 import json
 
 import onnx
-
 from conftest import run_cli
 
 
@@ -78,12 +77,11 @@ def test_folder_that_is_neither_model_nor_bundle_exits_2(tmp_path):
 
 def test_internal_error_exits_3_with_traceback(monkeypatch, capsys):
     from deepjit_compiler import cli
-    from deepjit_compiler.spec import load as spec
 
     def broken():
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(spec, "json_schema", broken)
+    monkeypatch.setattr(cli, "json_schema", broken)
     assert cli.main(["schema"]) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError" in err and "internal error" in err

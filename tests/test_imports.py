@@ -5,6 +5,8 @@ checks what a user without it gets, on any machine.
 """
 from __future__ import annotations
 
+import ast
+import graphlib
 import pkgutil
 import subprocess
 import sys
@@ -59,3 +61,127 @@ def test_cli_help_without_tensorrt():
                "runpy.run_module('deepjit_compiler.cli', run_name='__main__')\n")
     assert proc.returncode == 0, proc.stderr
     assert "Usage" in proc.stdout and "build" in proc.stdout
+
+
+# --- the import graph, from the source (nothing is imported) -------------------------------------------
+PACKAGE = REPO / "deepjit_compiler"
+# Stages import downward only: a package may import its own modules and those of the layers above it
+# in this list, never one below it (so no cycle can form between packages either).
+LAYERS = (
+    {"", "errors", "config", "files", "log", "_optional"},
+    {"spec"},
+    {"graph"},
+    {"model", "jit"},
+    {"surgery", "precision", "engines"},
+    {"bundle"},
+    {"store", "runtime"},
+    {"validation"},
+    {"build", "materialize", "report", "cli"},
+)
+# Third-party modules a function may import on first use: optional, or heavy and on a rare path.
+LAZY_OK = {"onnxruntime.tools.symbolic_shape_infer": "sympy, only when ONNX's shape inference gives up",
+           "PIL": "the optional `images` extra"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_imports(path: Path):
+    """(line, imported deepjit_compiler module, at module level?) and third-party function-local imports."""
+    tree = ast.parse(path.read_text())
+    me = module_name(path)
+    base = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    top = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = base.split(".")
+                target = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [f"{target}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            target, names = None, [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.startswith("deepjit_compiler"):
+                module = name if (REPO / Path(*name.split("."))).is_dir() or \
+                    (REPO / Path(*name.split("."))).with_suffix(".py").is_file() else target
+                yield node.lineno, module, id(node) in top
+            elif id(node) not in top:
+                yield node.lineno, "third-party:" + (target or name), False
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        me = module_name(path)
+        mine = {".".join(me.split(".")[:i]) for i in range(1, me.count(".") + 1)}  # packages running already
+        deps = graph.setdefault(me, set())
+        for _, module, _ in package_imports(path):
+            if module.startswith("deepjit_compiler"):
+                parts = module.split(".")  # importing a module runs its packages' __init__ first
+                deps.update({".".join(parts[:i]) for i in range(1, len(parts) + 1)} - mine)
+    for module, deps in graph.items():
+        deps.discard(module)
+    return graph
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 60 and "deepjit_compiler.runtime.pipeline" in graph["deepjit_compiler.validation.end_to_end"]
+    order = graphlib.TopologicalSorter(graph)
+    try:
+        order.prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
+
+
+def test_the_cycle_check_finds_a_cycle():
+    """The check above is only worth something if it fails on a cycle: feed it one."""
+    graph = import_graph()
+    graph["deepjit_compiler.spec.load"].add("deepjit_compiler.build")
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        assert "deepjit_compiler.build" in e.args[1]
+    else:
+        raise AssertionError("a cycle through build and spec.load went unnoticed")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+    def top(module: str) -> str:
+        return module.removeprefix("deepjit_compiler").lstrip(".").split(".")[0]
+
+    unknown = {top(m) for m in graph} - set(layer)
+    assert not unknown, f"packages missing from LAYERS: {sorted(unknown)}"
+    return sorted(f"{module} imports {dep}" for module, deps in graph.items() for dep in deps
+                  if top(dep) != top(module) and layer[top(dep)] > layer[top(module)])
+
+
+def test_packages_import_downward_only():
+    wrong = upward_imports(import_graph())
+    assert not wrong, "imports against the stage order:\n" + "\n".join(wrong)
+
+
+def test_an_upward_import_is_found():
+    graph = import_graph()
+    graph["deepjit_compiler.surgery.cut"].add("deepjit_compiler.validation.gate")
+    assert upward_imports(graph) == ["deepjit_compiler.surgery.cut imports deepjit_compiler.validation.gate"]
+
+
+def test_no_function_local_import_hides_a_dependency():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, module, at_top in package_imports(path):
+            if at_top:
+                continue
+            lazy = module.removeprefix("third-party:")
+            if module.startswith("deepjit_compiler") or not any(lazy == ok or lazy.startswith(ok + ".") for ok in LAZY_OK):
+                found.append(f"{path.relative_to(REPO)}:{line}: {lazy}")
+    assert not found, "function-local imports (move them to the top of the module):\n" + "\n".join(found)

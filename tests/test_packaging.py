@@ -5,8 +5,8 @@ import sys
 import zipfile
 
 import pytest
-
 from conftest import REPO
+
 from deepjit_compiler.config import data_dir
 
 

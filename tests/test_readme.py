@@ -2,6 +2,7 @@
 import re
 
 from conftest import REPO
+
 from deepjit_compiler.jit.nvrtc import compile_site_kernel
 
 

@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..engines import deferred_settings
 from ..graph.serialize import model_bytes
+from ..jit.contracts import load_contract
+from ..jit.nvrtc import nvrtc_version
 
 SPEC_FILE = "spec.yaml"
 MODEL_FILE = "reference/model.onnx"
@@ -22,8 +25,6 @@ def kernel_files(stage: str, kernel) -> dict[str, str]:
 
 
 def contract_files(stage: str, kernel) -> dict[str, bytes]:
-    from ..jit.contracts import load_contract
-
     contract = load_contract(kernel.contract_path)
     folder = f"kernels/{stage}/contract"
     return {f"{folder}/{p.name}": p.read_bytes() for p in (contract.path, contract.template_path, *contract.header_paths)}
@@ -56,8 +57,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def toolchain(decision) -> dict[str, str]:
-    from ..jit.nvrtc import nvrtc_version
-
     versions = {"deepjit": __version__, "nvrtc": ".".join(map(str, nvrtc_version()))}
     for dist in ("onnx", "onnxruntime", "polygraphy", "onnx-graphsurgeon", "cuda-bindings"):
         try:
@@ -70,8 +69,6 @@ def toolchain(decision) -> dict[str, str]:
 
 
 def bundle_manifest(loaded, resolved, plan, kernels, settings, decision, artifacts, report) -> dict[str, Any]:
-    from ..engines import deferred_settings
-
     spec = loaded.spec
     steps = []
     for step in plan.steps:

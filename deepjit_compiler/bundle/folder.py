@@ -23,14 +23,16 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BundleError, closest
+from ..errors import BundleError
 from ..files import replace_dir, staging_dir
 from .archive import list_files, pack_to, safe_extract, sha256_stream
 from .manifest import manifest_bytes, manifest_digest, plain_manifest
+from .view import BundleView
 
 log = logging.getLogger("deepjit.bundle")
 
@@ -50,35 +52,6 @@ class BundleInfo:
     archive: Path | None
     digest: str
     manifest: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Bundle:
-    """A verified bundle. `root` is its folder (a private temporary folder, kept as long as this
-    object lives, when it was read from a .tar.gz); `source` is what read_bundle was given."""
-
-    root: Path
-    manifest: dict[str, Any]
-    source: Path
-    _keep: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def digest(self) -> str:
-        return self.manifest["digest"]
-
-    @property
-    def name(self) -> str:
-        return str(self.manifest.get("name") or "")
-
-    @property
-    def files(self) -> dict[str, dict[str, Any]]:
-        return self.manifest["files"]
-
-    def file(self, path: str) -> Path:
-        """The on-disk path of the bundle file `path` (as listed in the manifest)."""
-        if path not in self.files:
-            raise BundleError(f"{self.source}: no file '{path}' in the bundle{closest(path, self.files)}")
-        return self.root / path
 
 
 # ---------------------------------------------------------------------------- file names
@@ -155,41 +128,82 @@ def archive_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".tar.gz")
 
 
-def write_bundle(dest: Path, files: Mapping[str, bytes | Path], manifest: Mapping[str, Any],
-                 *, archive: bool = True) -> BundleInfo:
-    """Write the bundle folder `dest` and (when `archive`) `<dest>.tar.gz`, atomically.
-
-    `files` maps bundle-relative POSIX paths (`segments/backbone.onnx`,
-    `kernels/decode/yolov8_decode.sm_75.cubin`, `validation/record.json`...) to bytes or to a Path
-    to copy. `manifest` holds the caller's JSON fields; `schema_version`, `files` and `digest` are
-    added here (and refused from the caller). An existing bundle at `dest` is replaced; any other
-    existing folder is refused. Returns the digest and the manifest as written."""
-    dest = Path(dest)
-    entries = {_check_rel(rel, f"files['{rel}']"): content for rel, content in files.items()}
-    _check_names(sorted(entries), "files")
+def _sealed(dest: Path, manifest: Mapping[str, Any]) -> tuple[dict[str, Any], Path]:
+    """The caller's manifest fields as written for the bundle at `dest`, and its archive path; refuses
+    DeepJIT's own fields, anything not plain JSON, and a `dest` that is not a bundle folder."""
     _refuse_own_fields(manifest)
     body = plain_manifest(manifest, dest)
     check_replaceable(dest)
     tar_path = archive_path(dest)
     if tar_path.is_dir():
         raise BundleError(f"{tar_path}: is a folder; the bundle archive needs that name")
+    return body, tar_path
 
-    with staging_dir(dest) as stage:
-        root = stage / "bundle"
-        root.mkdir()
-        listed = {rel: _copy_in(root, rel, entries[rel]) for rel in sorted(entries)}
-        body.update(schema_version=SCHEMA_VERSION, files=listed)
+
+class StagedBundle:
+    """A bundle's files copied into a hidden `.NAME.tmp-*` folder next to `near`, its manifest not yet
+    written: a build's GPU levels read it there (`view`), then `commit` writes manifest.json and the
+    archive and renames both into place. Leaving the `with` block without a commit removes it all.
+
+    `files` maps bundle-relative POSIX paths (`segments/backbone.onnx`,
+    `kernels/decode/yolov8_decode.sm_75.cubin`...) to bytes or to a Path to copy."""
+
+    def __init__(self, near: Path, files: Mapping[str, bytes | Path]):
+        entries = {_check_rel(rel, f"files['{rel}']"): content for rel, content in files.items()}
+        _check_names(sorted(entries), "files")
+        self._exit = ExitStack()
+        self.stage = self._exit.enter_context(staging_dir(Path(near)))
+        try:
+            self.root = self.stage / "bundle"
+            self.root.mkdir()
+            self.listed = {rel: _copy_in(self.root, rel, entries[rel]) for rel in sorted(entries)}
+        except BaseException:
+            self.close()
+            raise
+
+    def view(self, manifest: Mapping[str, Any]) -> BundleView:
+        """The staged bundle with the manifest fields it is about to get (no digest yet)."""
+        return BundleView(self.root, {**manifest, "schema_version": SCHEMA_VERSION, "files": self.listed})
+
+    def commit(self, dest: Path, manifest: Mapping[str, Any], *, archive: bool = True) -> BundleInfo:
+        """Write manifest.json (and the archive), then rename the folder to `dest` and the archive to
+        `<dest>.tar.gz`: each is whole or absent. An existing bundle at `dest` is replaced; any other
+        existing folder is refused."""
+        dest = Path(dest)
+        body, tar_path = _sealed(dest, manifest)
+        body.update(schema_version=SCHEMA_VERSION, files=self.listed)
         body["digest"] = manifest_digest(body)
-        (root / MANIFEST).write_bytes(manifest_bytes(body))
-        os.chmod(root / MANIFEST, 0o644)
+        (self.root / MANIFEST).write_bytes(manifest_bytes(body))
+        os.chmod(self.root / MANIFEST, 0o644)
         if archive:
-            pack_to(root, stage / "bundle.tar.gz")
-        # Both renames come last: the folder and its archive are each whole or absent.
-        replace_dir(root, dest)
+            pack_to(self.root, self.stage / "bundle.tar.gz")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        replace_dir(self.root, dest)
         if archive:
-            os.replace(stage / "bundle.tar.gz", tar_path)
-    log.info("wrote bundle %s (%d files, %s)", dest, len(listed), body["digest"])
-    return BundleInfo(dest, tar_path if archive else None, body["digest"], body)
+            os.replace(self.stage / "bundle.tar.gz", tar_path)
+        self.close()
+        log.info("wrote bundle %s (%d files, %s)", dest, len(self.listed), body["digest"])
+        return BundleInfo(dest, tar_path if archive else None, body["digest"], body)
+
+    def close(self) -> None:
+        self._exit.close()
+
+    def __enter__(self) -> StagedBundle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_bundle(dest: Path, files: Mapping[str, bytes | Path], manifest: Mapping[str, Any],
+                 *, archive: bool = True) -> BundleInfo:
+    """Write the bundle folder `dest` and (when `archive`) `<dest>.tar.gz`, atomically (see StagedBundle).
+
+    `manifest` holds the caller's JSON fields; `schema_version`, `files` and `digest` are added here
+    (and refused from the caller). Returns the digest and the manifest as written."""
+    _sealed(Path(dest), manifest)  # refuse before copying anything
+    with StagedBundle(dest, files) as staged:
+        return staged.commit(dest, manifest, archive=archive)
 
 
 def update_bundle(path: Path, files: Mapping[str, bytes | Path],
@@ -281,22 +295,24 @@ def verify_folder(root: Path, label: str | None = None) -> dict[str, Any]:
     return manifest
 
 
-def read_bundle(path: Path) -> Bundle:
+def read_bundle(path: Path | BundleView) -> BundleView:
     """Open and verify the bundle at `path`: a bundle folder or its .tar.gz (extracted safely to a
     private temporary folder that lives as long as the returned Bundle). Raises BundleError naming
     each extra, missing, truncated or tampered file, or a manifest edited after the build."""
+    if isinstance(path, BundleView):
+        return path  # read and verified already
     path = Path(path)
     if path.is_dir():
-        return Bundle(path, verify_folder(path), path)
+        return BundleView(path, verify_folder(path), path)
     if not path.is_file():
         raise BundleError(f"{path}: no such bundle (give a bundle folder or its .tar.gz)")
     tmp = tempfile.TemporaryDirectory(prefix="deepjit-bundle-")
     root = Path(tmp.name) / "bundle"
     safe_extract(path, root)
-    return Bundle(root, verify_folder(root, str(path)), path, tmp)
+    return BundleView(root, verify_folder(root, str(path)), path, tmp)
 
 
-def unpack_bundle(archive: bytes | Path, dest: Path, *, expected_digest: str | None = None) -> Bundle:
+def unpack_bundle(archive: bytes | Path, dest: Path, *, expected_digest: str | None = None) -> BundleView:
     """Extract a bundle archive into the folder `dest`, verify it (and that its digest is
     `expected_digest` when given), and only then move it into place. An existing bundle folder at
     `dest` is replaced; any other existing folder is refused."""
@@ -310,7 +326,7 @@ def unpack_bundle(archive: bytes | Path, dest: Path, *, expected_digest: str | N
         if expected_digest is not None and manifest["digest"] != expected_digest:
             raise BundleError(f"{label}: bundle digest {manifest['digest']} is not the expected {expected_digest}")
         replace_dir(root, dest)
-    return Bundle(dest, manifest, dest)
+    return BundleView(dest, manifest, dest)
 
 
 # ---------------------------------------------------------------------------- inspect
@@ -332,10 +348,10 @@ def _entries(value: Any) -> list[Any]:
     return _summary(list(value)) if isinstance(value, list) else []
 
 
-def describe(bundle: Bundle | Path) -> dict[str, Any]:
+def describe(bundle: BundleView | Path) -> dict[str, Any]:
     """A JSON-ready summary for `deepjit inspect BUNDLE`: name, digest, target, toolchain, spec and
     model hashes, files (path, size, sha256), kernels, engines and validation level statuses."""
-    b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
+    b = read_bundle(bundle)
     m = b.manifest
     files = [{"path": rel, "size": e["size"], "sha256": e["sha256"]} for rel, e in sorted(b.files.items())]
     validation = m.get("validation") if isinstance(m.get("validation"), dict) else {}

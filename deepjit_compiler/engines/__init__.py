@@ -17,8 +17,10 @@ from pathlib import Path
 
 import onnx
 
+from .._optional import lazy_import
 from ..errors import BundleError, SpecError
 from ..files import atomic_write
+from . import onnxrt, tensorrt
 from .base import (
     BACKENDS,
     Decision,
@@ -34,20 +36,17 @@ __all__ = ["BACKENDS", "Decision", "EngineArtifact", "EngineSettings", "InputPro
            "select_backend", "tensorrt_importable"]
 
 log = logging.getLogger("deepjit.engines")
+_cuda_core = lazy_import("cuda.core", "finding this machine's GPU needs cuda-core")
 
 
 def tensorrt_importable() -> bool:
-    from .tensorrt import trt
-
-    return trt.available()
+    return tensorrt.trt.available()
 
 
 def local_device_sm() -> int | None:
     """This machine's first GPU as an SM number (e.g. 90), or None without a GPU or driver."""
     try:
-        from cuda.core import Device
-
-        cc = Device(0).compute_capability
+        cc = _cuda_core.Device(0).compute_capability
         return cc.major * 10 + cc.minor
     except Exception:  # no driver, no device, or a driver too old: all mean "no usable GPU here"
         return None
@@ -75,22 +74,16 @@ def engine_from_segment(name: str, segment: onnx.ModelProto, settings: EngineSet
         return EngineArtifact("tensorrt", name, {f"{name}.onnx": data}, json.dumps(deferred_settings(settings),
                                                                                  sort_keys=True), deferred=True)
     if decision.backend == "onnxruntime":
-        from .onnxrt import build_engine
-
-        return build_engine(data, name, settings)
-    from .tensorrt import build_engine
-
+        return onnxrt.build_engine(data, name, settings)
     path = Path(workdir) / f"{name}.onnx"
     atomic_write(path, data)
-    return build_engine(path, settings, timing_cache=timing_cache, segment_name=name)
+    return tensorrt.build_engine(path, settings, timing_cache=timing_cache, segment_name=name)
 
 
 def materialize(segment_paths: Mapping[str, str | Path] | Sequence[str | Path], settings_json: str | Mapping, *,
                 timing_cache: str | Path | None = None) -> dict[str, bytes]:
     """Build deferred segments into TensorRT plans on this machine: {"<segment>.plan": plan bytes}.
     `segment_paths` maps segment names to ONNX files (or lists files, named by their stem)."""
-    from .tensorrt import build_engine
-
     try:
         raw = json.loads(settings_json) if isinstance(settings_json, str) else dict(settings_json)
         settings = EngineSettings.from_dict(raw)
@@ -99,19 +92,15 @@ def materialize(segment_paths: Mapping[str, str | Path] | Sequence[str | Path], 
     named = segment_paths.items() if isinstance(segment_paths, Mapping) else [(Path(p).stem, p) for p in segment_paths]
     plans: dict[str, bytes] = {}
     for name, path in named:
-        plans.update(build_engine(path, settings, timing_cache=timing_cache, segment_name=name).files)
+        plans.update(tensorrt.build_engine(path, settings, timing_cache=timing_cache, segment_name=name).files)
     return plans
 
 
 def runner_for(artifact: EngineArtifact, *, device: str = "auto", name: str | None = None) -> Runner:
     """A runner over an artifact: the TensorRT plan, else (ONNX Runtime or deferred) the segment ONNX."""
     if artifact.backend == "tensorrt" and not artifact.deferred:
-        from .tensorrt import TrtEngineRunner
-
-        return TrtEngineRunner(_only(artifact, ".plan"), name=name or f"trt:{artifact.segment_name}")
-    from .onnxrt import OnnxrtEngineRunner
-
-    return OnnxrtEngineRunner(_only(artifact, ".onnx"), device=device, name=name or f"ort:{artifact.segment_name}")
+        return tensorrt.TrtEngineRunner(_only(artifact, ".plan"), name=name or f"trt:{artifact.segment_name}")
+    return onnxrt.OnnxrtEngineRunner(_only(artifact, ".onnx"), device=device, name=name or f"ort:{artifact.segment_name}")
 
 
 def _only(artifact: EngineArtifact, suffix: str) -> bytes:

@@ -18,12 +18,10 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from ..errors import SpecError, closest
+from ..spec.models import BACKENDS, HARDWARE_COMPATIBILITY, PRECISIONS
 
 log = logging.getLogger("deepjit.engines")
 
-BACKENDS = ("auto", "tensorrt", "onnxruntime")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
 AMPERE_SM = 80
 SETTINGS_FORMAT = 1
 

@@ -32,8 +32,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from polygraphy import cuda
 from polygraphy.backend.base import BaseRunner
-from polygraphy.backend.trt import Profile
+from polygraphy.backend.trt import (
+    CreateConfig,
+    EngineBytesFromNetwork,
+    NetworkFromOnnxPath,
+    Profile,
+)
+from polygraphy.common import TensorMetadata
+from polygraphy.datatype import DataType
+from polygraphy.exception import PolygraphyException
 
 from .._optional import lazy_import
 from ..errors import EngineError, RuntimeInputError
@@ -141,13 +150,6 @@ def build_engine(segment_path: str | Path, settings: EngineSettings, *, timing_c
                  segment_name: str | None = None) -> EngineArtifact:
     """Build one segment's ONNX file into a TensorRT plan (on this machine's GPU). The timing cache
     (argument, else settings.timing_cache) is loaded if present and saved back."""
-    from polygraphy.backend.trt import (
-        CreateConfig,
-        EngineBytesFromNetwork,
-        NetworkFromOnnxPath,
-    )
-    from polygraphy.exception import PolygraphyException
-
     version = trt.__version__  # raises MissingDependency without TensorRT
     path = Path(segment_path)
     name = segment_name or path.stem
@@ -190,9 +192,6 @@ class TrtEngineRunner(BaseRunner):
         self.outputs = [n for n in names if n not in self.inputs]
 
     def get_input_metadata_impl(self):
-        from polygraphy.common import TensorMetadata
-        from polygraphy.datatype import DataType
-
         meta = TensorMetadata()
         for name in self.inputs:
             shape = [d if d >= 0 else None for d in self.engine.get_tensor_shape(name)]
@@ -221,9 +220,6 @@ class TrtEngineRunner(BaseRunner):
         return tuple(self.context.get_tensor_shape(name))
 
     def infer_impl(self, feed_dict):
-        from polygraphy import cuda
-        from polygraphy.datatype import DataType
-
         def np_dtype(name):
             return DataType.to_dtype(DataType.from_dtype(self.engine.get_tensor_dtype(name), "tensorrt"), "numpy")
 

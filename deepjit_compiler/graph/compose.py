@@ -1,27 +1,29 @@
 """Composing ONNX models: a model with added stages' reference graphs before and after it."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import onnx
 from onnx import compose
 
 from .serialize import pin_ir_version
 
 
-def compose_reference(original: onnx.ModelProto, added) -> onnx.ModelProto:
-    """`added`: stages with .position, .reference (ONNX), .inputs and .outputs (objects with .name)."""
+def compose_reference(original: onnx.ModelProto,
+                      added: Iterable[tuple[str, str, onnx.ModelProto]]) -> onnx.ModelProto:
+    """`original` with each added stage's reference graph, `(name, "before" | "after", graph)` in plan
+    order, wired on by tensor name: a stage before feeds the model inputs it makes, a stage after reads
+    the model outputs its graph takes."""
     model = original
-    for stage in added:
+    for name, position, reference in added:
         # the stage's internal names get its own prefix, so two references never collide
-        ref = compose.add_prefix(stage.reference, f"{stage.name}/" if hasattr(stage, "name") else "added/",
-                                 rename_inputs=False, rename_outputs=False)
-        if stage.position == "before":
+        ref = compose.add_prefix(reference, f"{name}/", rename_inputs=False, rename_outputs=False)
+        if position == "before":
             # only what the model reads is wired; the rest (letterbox's ratio_pad) stays an output
             reads = {i.name for i in model.graph.input}
-            io = [(o.name, o.name) for o in stage.outputs if o.name in reads]
-            model = _merge(ref, model, io)
+            model = _merge(ref, model, [(o.name, o.name) for o in reference.graph.output if o.name in reads])
         else:
-            io = [(i.name, i.name) for i in stage.inputs]
-            model = _merge(model, ref, io)
+            model = _merge(model, ref, [(i.name, i.name) for i in reference.graph.input])
     return model
 
 

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
 from .serialize import model_bytes, pin_ir_version
 
@@ -12,8 +13,6 @@ from .serialize import model_bytes, pin_ir_version
 def ort_session(model: onnx.ModelProto, *, threads: int = 0):
     """An ONNX Runtime CPU session with graph optimizations disabled: fusions would reorder float
     math and break bit-identity between a model and its pieces."""
-    import onnxruntime as ort
-
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = threads

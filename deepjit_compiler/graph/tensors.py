@@ -1,4 +1,5 @@
-"""Tensor signatures at stage boundaries, and the value infos of an ONNX graph they come from."""
+"""Tensor signatures (one type for every stage: plan boundaries, model I/O, kernel contracts, bundle
+manifests), and the value infos of an ONNX graph they come from."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -13,14 +14,18 @@ Dim = int | str
 
 @dataclass(frozen=True, slots=True)
 class TensorSig:
-    """A tensor at a stage boundary: its name, numpy dtype name and shape (ints or symbolic names)."""
+    """A named tensor: numpy dtype name and dims, ints or str (symbolic names; in a kernel contract
+    also expressions over them, e.g. '4 + nc'); `shape` None when the rank is unknown. A contract's
+    tensors also say which side of the kernel they are on and whether they start zeroed."""
 
     name: str
     dtype: str
-    shape: tuple[Dim, ...]
+    shape: tuple[Dim, ...] | None
+    role: str = ""            # a contract's tensor: "input" | "output"
+    zero_init: bool = False   # a contract's output zeroed once at allocation (a counter)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        return {"name": self.name, "dtype": self.dtype, "shape": None if self.shape is None else list(self.shape)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> TensorSig:
@@ -29,7 +34,7 @@ class TensorSig:
 
     @property
     def is_static(self) -> bool:
-        return all(isinstance(d, int) for d in self.shape)
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
 
 
 def np_dtype_name(elem_type: int) -> str:

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from ..config import data_dir
 from ..errors import KernelError, RuntimeInputError, closest
+from ..graph.tensors import TensorSig
 from ..spec.locate import describe_errors
 from .contract_models import ContractModel, ParamSpec
 from .expressions import CTYPES, _repeats, _truthy, evaluate, expand
@@ -49,15 +50,6 @@ class Contract:
         for p in (self.template_path, *self.header_paths):
             h.update(p.name.encode() + b"\0" + p.read_bytes())
         return h.hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSig:
-    name: str
-    dtype: str
-    shape: tuple[Any, ...]      # int, or str: a symbolic dim name or an expression over dims
-    role: str                   # "input" | "output"
-    zero_init: bool = False
 
 
 def _find(path: Path, folders: list[Path], what: str, owner: Path) -> Path:

@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import cuda.pathfinder as pathfinder
 import platformdirs
 
 from .. import __version__, config
@@ -155,8 +156,6 @@ def cuda_headers() -> tuple[tuple[str, ...], str]:
             where = Path(platformdirs.user_cache_dir("deepjit")) / f"nvrtc-headers-{major}.{minor}"
             return (f"--use-bundled-headers={where}",), f"bundled-{major}.{minor}"
     try:
-        import cuda.pathfinder as pathfinder
-
         folder = pathfinder.find_nvidia_header_directory("cudart")
     except Exception as e:  # pathfinder raises several types for "not found"
         raise MissingDependency(f"NVRTC {major}.{minor} has no bundled headers and cuda_fp16.h was not found: "

@@ -1,7 +1,7 @@
 """What an ONNX model is, at a glance: its IO, opset, op histogram and size (`deepjit describe`).
 
     info = describe_model("models/yolov8n.onnx")
-    info.inputs[0]        # TensorInfo(name='images', dtype='float32', shape=('batch', 3, 640, 640))
+    info.inputs[0]        # TensorSig(name='images', dtype='float32', shape=('batch', 3, 640, 640))
     json.dumps(info.to_dict())
 """
 from __future__ import annotations
@@ -12,29 +12,17 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
+from ..graph.tensors import TensorSig
 
 log = logging.getLogger("deepjit.modelinfo")
 
 UNKNOWN_DIM = "?"  # a dim with neither a value nor a name
-
-
-class TensorInfo(NamedTuple):
-    """A graph input or output: dtype as numpy names it, dims as ints or symbolic names."""
-
-    name: str
-    dtype: str
-    shape: tuple[int | str, ...] | None  # None: rank unknown
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype,
-                "shape": None if self.shape is None else list(self.shape)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +32,8 @@ class ModelInfo:
     ir_version: int
     opset: int  # of the default ONNX domain; 0 when the model imports none
     opsets: tuple[tuple[str, int], ...]  # every (domain, version), "" for the default domain
-    inputs: tuple[TensorInfo, ...]  # initializers listed as inputs (old IR) are left out
-    outputs: tuple[TensorInfo, ...]
+    inputs: tuple[TensorSig, ...]  # initializers listed as inputs (old IR) are left out
+    outputs: tuple[TensorSig, ...]
     ops: tuple[tuple[str, int], ...]  # op histogram, most frequent first, ties by name
     parameter_count: int  # elements in all initializers, subgraphs included
     node_count: int  # nodes, subgraphs included
@@ -149,17 +137,17 @@ def _numel(dims) -> int:
     return n
 
 
-def tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+def tensor_info(value: onnx.ValueInfoProto) -> TensorSig:
     """A graph input or output's name, numpy dtype name and dims ('?' for an anonymous one)."""
     kind = value.type.WhichOneof("value")
     if kind != "tensor_type":
-        return TensorInfo(value.name, kind or "unknown", None)
+        return TensorSig(value.name, kind or "unknown", None)
     tt = value.type.tensor_type
     shape = None
     if tt.HasField("shape"):
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or UNKNOWN_DIM)
                       for d in tt.shape.dim)
-    return TensorInfo(value.name, _dtype_name(tt.elem_type), shape)
+    return TensorSig(value.name, _dtype_name(tt.elem_type), shape)
 
 
 def _dtype_name(elem_type: int) -> str:

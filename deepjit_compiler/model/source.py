@@ -11,6 +11,7 @@ import onnx
 from ..errors import ModelError, SpecError, closest
 from ..spec.load import LoadedSpec
 from .info import load_model, tensor_info
+from .synth import write_synthetic
 
 log = logging.getLogger("deepjit.model")
 
@@ -35,7 +36,6 @@ def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
         if src.synthesize is None:
             raise ModelError(f"{loaded.path}: model.path: {src.path} does not exist "
                              f"(export it from ultralytics, or set `model.synthesize: yolov8s` for a synthetic one)")
-        from .synth import write_synthetic
 
         log.info("synthesizing %s (seed %d) at %s", src.synthesize, src.seed, src.path)
         write_synthetic(src.synthesize, src.path, seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)

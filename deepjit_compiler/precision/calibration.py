@@ -31,7 +31,13 @@ import numpy as np
 import onnx
 import onnxruntime
 from onnx import helper
-from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_static,
+)
 from onnxruntime.quantization.calibrate import load_tensors_data
 
 from ..errors import MissingDependency, SpecError, closest
@@ -260,8 +266,6 @@ def quantize_int8(model: onnx.ModelProto, settings: CalibrationSettings, *,
                   exclude: Iterable[str] = ()) -> onnx.ModelProto:
     """`model` with explicit Q/DQ int8 quantization for TensorRT, ranges from the cache or calibrated
     on `settings`' data (and cached); the nodes named in `exclude` stay fp32."""
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
-
     if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
         raise MissingDependency("int8 needs ONNX Runtime's calibration cache (quantize_static's "
                                 "calibration_cache_path, in 1.30 and later); this is onnxruntime "

@@ -35,9 +35,13 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import TensorProto, helper, numpy_helper, version_converter
 from onnx_graphsurgeon.logger import G_LOGGER
+from onnxruntime.transformers.float16 import (
+    DEFAULT_OP_BLOCK_LIST,
+    convert_float_to_float16,
+)
 
-from ..engines.base import PRECISIONS
 from ..errors import ModelError, SpecError, closest
+from ..spec.models import PRECISIONS, calibration_problem
 from . import calibration as cal
 
 log = logging.getLogger("deepjit.precision")
@@ -75,11 +79,11 @@ def apply_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Sequen
     model = copy.deepcopy(model)
     if precision == "fp32":
         return model
+    problem = calibration_problem(precision, calibration)
+    if problem:
+        raise SpecError(f"engine.calibration: {problem}")
     ops, nodes = resolve_keep_fp32(model, keep_fp32)
     if precision == "int8":
-        if calibration is None:
-            raise SpecError("engine.calibration: precision int8 needs calibration data (data: a folder "
-                            "or random, cache: a folder)")
         kept = nodes | {n.name for n in model.graph.node if n.op_type in ops}
         out = cal.quantize_int8(model, calibration, exclude=kept)
     else:
@@ -117,11 +121,6 @@ def check_keep_fp32(models: Sequence[onnx.ModelProto], keep_fp32: Sequence[str])
 # -- fp16 / bf16 ----------------------------------------------------------------------------------
 
 def _to_float16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:
-    from onnxruntime.transformers.float16 import (
-        DEFAULT_OP_BLOCK_LIST,
-        convert_float_to_float16,
-    )
-
     # op_block_list replaces ORT's default list, so extend it rather than pass ours alone.
     return convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(set(DEFAULT_OP_BLOCK_LIST) | ops),
                                     node_block_list=sorted(nodes))

@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..bundle.view import sm_of
 from ..errors import BundleError, KernelError, closest
-from .layout import KernelInfo, sm_of
+from ..jit.nvrtc import CompiledKernel
+from ..jit.render import KernelSource
+from .layout import KernelInfo
 
 
 def _cuda(version: int) -> str:
@@ -45,15 +48,12 @@ def choose_code(kernel: KernelInfo, device_sm: int, driver: int, prefer: str = "
 def compiled_kernel(entry: Mapping[str, Any], cubin: bytes, ptx: str, source: str = "", contract_path: str = ""):
     """A CompiledKernel (what Gpu.load and ContractKernel take) from a bundle manifest's kernel entry
     and its files. Its contract is the bundle's copy (`contract_path`), else found by name."""
-    from ..jit.nvrtc import CompiledKernel
-    from ..jit.render import KernelSource
-
     try:
         name, params = str(entry["contract"]), dict(entry["params"])
         entries = tuple((str(k), str(v)) for k, v in entry["entries"].items())
         lowered = tuple((str(k), str(v)) for k, v in entry["lowered"].items())
         src = KernelSource(name, entry["files"]["source"].rsplit("/", 1)[-1], source, entries, (), (), (), params)
-        return CompiledKernel(name, contract_path or name, src, sm_of(entry, name), cubin, ptx, entries, lowered,
+        return CompiledKernel(name, contract_path or name, src, sm_of(entry.get("arch", ""), name), cubin, ptx, entries, lowered,
                               tuple(entry.get("options", ())), str(entry["nvrtc_version"]), int(entry["min_driver"]),
                               int(entry["ptx_min_driver"]), str(entry.get("ptx_isa", "")), str(entry.get("key", "")),
                               params=params)

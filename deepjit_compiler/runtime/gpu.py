@@ -23,15 +23,12 @@ from ..errors import KernelError, MissingDependency
 log = logging.getLogger("deepjit.gpu")
 driver = lazy_import("cuda.bindings.driver", "running kernels needs cuda-bindings and an NVIDIA driver")
 _core = lazy_import("cuda.core", "running kernels needs cuda-core")
+_core_experimental = lazy_import("cuda.core.experimental", "running kernels needs cuda-core")
 
 
 def _cc():
     """cuda.core's public namespace (older releases keep it under cuda.core.experimental)."""
-    if hasattr(_core, "Device"):
-        return _core
-    import cuda.core.experimental as experimental
-
-    return experimental
+    return _core if hasattr(_core, "Device") else _core_experimental
 
 
 def _ck(result, what: str):

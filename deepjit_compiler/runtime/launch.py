@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelError, RuntimeInputError
+from ..graph.tensors import TensorSig
 from ..jit.contracts import (
     Launch,
-    TensorSig,
     bind_dims,
     concrete_shape,
     launches,

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from ..bundle.view import BundleView, EngineView, InputView, KernelView
 from ..errors import BundleError, KernelError, closest
+from ..graph.tensors import TensorSig
 from ..jit.contracts import (
     Contract,
-    TensorSig,
     bind_dims,
     concrete_shape,
     load_contract,
@@ -33,6 +34,7 @@ from ..jit.contracts import (
     workspace_bytes,
 )
 from .inputs import bucket_for, check_feeds, show_shape
+from .launch import decode_input_names
 
 log = logging.getLogger("deepjit.runtime")
 
@@ -40,35 +42,13 @@ Shape = tuple[Any, ...]         # ints, and str for symbolic dims
 
 
 @dataclass(frozen=True, slots=True)
-class TensorInfo:
-    """A named tensor of the plan: dtype and shape (str entries are symbolic dims)."""
-
-    name: str
-    dtype: str
-    shape: Shape
-
-
-@dataclass(frozen=True, slots=True)
-class InputInfo:
-    """A pipeline input: its shape, profile (min/opt/max) and the batch buckets graphs are captured for."""
-
-    name: str
-    dtype: str
-    shape: Shape
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
-    buckets: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class KernelInfo:
-    """One compiled kernel of a step: its manifest entry, its contract, and the plan tensors it
+    """One compiled kernel of a step: its manifest record, its contract, and the plan tensors it
     reads and writes (`aliases` maps the contract's tensor names to the plan's)."""
 
     step: str
     index: int
-    entry: Mapping[str, Any]
+    view: KernelView
     contract: Contract
     params: Mapping[str, Any]
     sigs: tuple[TensorSig, ...]
@@ -80,7 +60,11 @@ class KernelInfo:
 
     @property
     def sm(self) -> int:
-        return sm_of(self.entry, self.name)
+        return self.view.sm
+
+    @property
+    def entry(self) -> Mapping[str, Any]:
+        return self.view.entry
 
     def plan_name(self, kernel_name: str) -> str:
         return self.aliases.get(kernel_name, kernel_name)
@@ -100,8 +84,8 @@ class StepInfo:
 
     name: str
     kind: str
-    inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
     kernels: tuple[KernelInfo, ...] = ()
     file: str | None = None
 
@@ -144,48 +128,24 @@ class Schedule:
     device_tensors: tuple[str, ...]         # every tensor that needs a device buffer
 
 
-def sm_of(entry: Mapping[str, Any], where: str) -> int:
-    arch = str(entry.get("arch", ""))
-    if not arch.startswith("sm_") or not arch[3:].isdigit():
-        raise BundleError(f"kernel {where}: manifest arch {arch!r} is not sm_XX")
-    return int(arch[3:])
-
-
-def _tensors(items: Any, where: str) -> tuple[TensorInfo, ...]:
-    try:
-        return tuple(TensorInfo(t["name"], t["dtype"], tuple(t["shape"])) for t in items)
-    except (KeyError, TypeError) as e:
-        raise BundleError(f"manifest {where}: malformed tensor list ({e})") from None
-
-
-def _field(mapping: Mapping[str, Any], key: str, where: str) -> Any:
-    if not isinstance(mapping, Mapping) or key not in mapping:
-        raise BundleError(f"manifest: '{where}.{key}' is missing (a bundle from another DeepJIT version?)")
-    return mapping[key]
-
-
 def _aliases(kind: str, facts: Mapping[str, Any], sigs: Sequence[TensorSig]) -> dict[str, str]:
     """Contract tensor names -> plan tensor names: yolov8_decode's box_i/cls_i are the site's head maps."""
     if kind == "kernel" and facts.get("head_inputs") and any(s.name == "box_0" for s in sigs):
-        from .launch import decode_input_names
-
         return decode_input_names(facts)
     return {}
 
 
-def _kernel(step: str, index: int, entry: Mapping[str, Any], kind: str, facts: Mapping[str, Any],
-            root: Path | None) -> KernelInfo:
-    name = _field(entry, "contract", f"plan.steps[{step}].kernels[{index}]")
-    bundled = (entry.get("files") or {}).get("contract") if root is not None else None
+def _kernel(k: KernelView, kind: str, facts: Mapping[str, Any], view: BundleView | None) -> KernelInfo:
+    """`view`: the bundle whose copy of the contract to load (None: the contract by name)."""
+    bundled = k.files.get("contract") if view is not None else None
     try:
-        contract = load_contract(str(root / bundled) if bundled else name)
-    except KernelError as e:
+        contract = load_contract(str(view.file(bundled)) if bundled else k.contract)
+    except (KernelError, BundleError) as e:
         copy = f"its copy '{bundled}' in the bundle is unusable" if bundled else "the bundle carries no copy of it"
-        raise BundleError(f"step '{step}': kernel contract '{name}' cannot be loaded ({e}); {copy}: rebuild it "
-                          "with this DeepJIT") from None
-    params = dict(_field(entry, "params", f"plan.steps[{step}].kernels[{index}]"))
-    sigs = signature(contract, params)
-    return KernelInfo(step, index, entry, contract, params, sigs, _aliases(kind, facts, sigs))
+        raise BundleError(f"step '{k.step}': kernel contract '{k.contract}' cannot be loaded ({e}); {copy}: "
+                          "rebuild it with this DeepJIT") from None
+    sigs = signature(contract, k.params)
+    return KernelInfo(k.step, k.index, k, contract, k.params, sigs, _aliases(kind, facts, sigs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,46 +156,27 @@ class Layout:
     digest: str
     target_sm: int | None
     target_gpu: str | None
-    inputs: tuple[InputInfo, ...]
-    outputs: tuple[TensorInfo, ...]
+    inputs: tuple[InputView, ...]
+    outputs: tuple[TensorSig, ...]
     steps: tuple[StepInfo, ...]
-    engine: Mapping[str, Any]
+    engine: EngineView
 
     # -- reading ---------------------------------------------------------------------------------
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any], root: Path | None = None) -> Layout:
-        """`root`: the bundle folder, where each kernel's contract copy is (None: contracts by name)."""
-        plan = _field(manifest, "plan", "")
-        declared = manifest.get("inputs") or {}
-        inputs = []
-        for t in _tensors(_field(plan, "inputs", "plan"), "plan.inputs"):
-            d = declared.get(t.name) or {}
-            static = all(isinstance(x, int) for x in t.shape)
-            if not d and not static:
-                raise BundleError(f"manifest: input '{t.name}' has symbolic dims {list(t.shape)} but no "
-                                  "inputs.<name>.min/max profile")
-            lo, opt, hi = (tuple(d.get(k) or t.shape) for k in ("min", "opt", "max"))
-            buckets = tuple(sorted({int(b) for b in (d.get("buckets") or ()) if lo[0] <= int(b) <= hi[0]} | {hi[0]}))
-            inputs.append(InputInfo(t.name, t.dtype, t.shape, lo, opt, hi, buckets))
-        steps = []
-        for i, s in enumerate(_field(plan, "steps", "plan")):
-            kind, name = _field(s, "kind", f"plan.steps[{i}]"), _field(s, "name", f"plan.steps[{i}]")
-            if kind not in ("segment", "kernel", "added"):
-                raise BundleError(f"manifest: step '{name}' has kind {kind!r}; known: segment, kernel, added")
-            facts = s.get("facts") or s.get("params") or {}
-            kernels = tuple(_kernel(name, j, k, kind, facts, root) for j, k in enumerate(s.get("kernels") or ()))
-            if kind != "segment" and not kernels:
-                raise BundleError(f"manifest: step '{name}' ({kind}) has no compiled kernels")
-            steps.append(StepInfo(name, kind, _tensors(s.get("inputs", ()), f"step {name} inputs"),
-                                  _tensors(s.get("outputs", ()), f"step {name} outputs"), kernels, s.get("file")))
-        target = manifest.get("target") or {}
-        return cls(str(manifest.get("name", "")), str(manifest.get("digest", "")), target.get("sm"),
-                   target.get("gpu"), tuple(inputs), _tensors(_field(plan, "outputs", "plan"), "plan.outputs"),
-                   tuple(steps), manifest.get("engine") or {})
+    def from_bundle(cls, view: BundleView, *, bundled_contracts: bool = True) -> Layout:
+        """The bundle's run plan; each kernel's contract is the bundle's copy (`bundled_contracts`),
+        else the installed one of that name."""
+        steps = tuple(StepInfo(s.name, s.kind, s.inputs, s.outputs,
+                               tuple(_kernel(k, s.kind, s.facts, view if bundled_contracts else None) for k in s.kernels),
+                               s.file if s.kind == "segment" else None)
+                      for s in view.steps)
+        return cls(view.name, view.digest, view.target_sm, view.target_gpu, view.inputs, view.outputs, steps,
+                   view.engine)
 
     @classmethod
-    def from_bundle(cls, bundle) -> Layout:
-        return cls.from_manifest(bundle.manifest, bundle.root)
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> Layout:
+        """The run plan of a manifest alone (contracts by name): what a test edits."""
+        return cls.from_bundle(BundleView(Path("."), manifest), bundled_contracts=False)
 
     # -- batch -----------------------------------------------------------------------------------
     @property
@@ -327,7 +268,7 @@ class Layout:
                     out.setdefault(d, (inp.name, axis))
         return out
 
-    def engine_output_shape(self, t: TensorInfo, batch: int,
+    def engine_output_shape(self, t: TensorSig, batch: int,
                             input_shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...] | None:
         """An engine output's shape at `batch`, with symbolic dims taken from the inputs' actual
         shapes (same symbol); None when a dim is not an input's (then the runtime asks the engine)."""

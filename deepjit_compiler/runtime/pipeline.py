@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.folder import Bundle, read_bundle
+from ..bundle.folder import read_bundle
+from ..bundle.view import BundleView, InputView
 from ..errors import BundleError, KernelError
 from .code import choose_code, compiled_kernel
 from .gpu import DeviceArray, Gpu, driver_version
@@ -35,11 +36,10 @@ from .graphs import PreparedPhase, extra_values, view
 from .hostmem import PinnedBuffer, capacity, d2h_async, h2d_async
 from .launch import ContractKernel
 from .layout import (
-    InputInfo,
     Layout,
     Phase,
     StepInfo,
-    TensorInfo,
+    TensorSig,
     kernel_dims,
     kernel_workspace,
     nbytes,
@@ -69,7 +69,7 @@ class CountingGpu(Gpu):
 _new_gpu = CountingGpu  # the device a Pipeline loads on (tests swap in a host-memory fake)
 
 
-def compiled_from_manifest(bundle: Bundle, entry: Mapping[str, Any]):
+def compiled_from_manifest(bundle: BundleView, entry: Mapping[str, Any]):
     """The CompiledKernel of a bundle's kernel entry (`plan.steps[].kernels[]`), binaries read from the bundle."""
     files = entry.get("files") or {}
     try:
@@ -85,7 +85,7 @@ def compiled_from_manifest(bundle: Bundle, entry: Mapping[str, Any]):
 class Pipeline:
     """A bundle loaded on this GPU. Not thread-safe: one call at a time."""
 
-    def __init__(self, bundle: Bundle, layout: Layout, gpu: CountingGpu, prefer: str, graphs: bool):
+    def __init__(self, bundle: BundleView, layout: Layout, gpu: CountingGpu, prefer: str, graphs: bool):
         self.bundle, self.layout, self.gpu, self.graphs = bundle, layout, gpu, graphs
         self.prefer = prefer
         self.code: dict[str, str] = {}
@@ -102,10 +102,10 @@ class Pipeline:
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, bundle: Path | str | Bundle, *, prefer: str = "auto", graphs: bool = True) -> Pipeline:
-        """Load a bundle (folder, .tar.gz or read Bundle) on GPU 0; BundleError/KernelError when
+    def load(cls, bundle: Path | str | BundleView, *, prefer: str = "auto", graphs: bool = True) -> Pipeline:
+        """Load a bundle (folder, .tar.gz or read BundleView) on GPU 0; BundleError/KernelError when
         its kernels cannot run on this GPU or driver, MissingDependency without a GPU."""
-        bundle = bundle if isinstance(bundle, Bundle) else read_bundle(Path(bundle))
+        bundle = read_bundle(bundle)
         layout = Layout.from_bundle(bundle)
         gpu = _new_gpu()
         self = cls(bundle, layout, gpu, prefer, graphs)
@@ -318,11 +318,11 @@ class Pipeline:
 
     # -- facts -----------------------------------------------------------------------------------
     @property
-    def inputs(self) -> tuple[InputInfo, ...]:
+    def inputs(self) -> tuple[InputView, ...]:
         return self.layout.inputs
 
     @property
-    def outputs(self) -> tuple[TensorInfo, ...]:
+    def outputs(self) -> tuple[TensorSig, ...]:
         return self.layout.outputs
 
     @property

@@ -20,11 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from ..bundle.folder import read_bundle
+from ..bundle.view import InputView
 from ..errors import RuntimeInputError
 from ..files import atomic_write
-from ..validation.detections import NMS_OUTPUTS
+from ..surgery.references import NMS_OUTPUTS, letterbox_numpy
 from .images import IMAGE_SUFFIXES, read_image
-from .layout import InputInfo, Layout
+from .layout import Layout
+from .pipeline import Pipeline
 
 log = logging.getLogger("deepjit.run")
 
@@ -79,7 +82,7 @@ class _Images:
         if len(layout.inputs) != 1:
             names = ", ".join(i.name for i in layout.inputs)
             raise RuntimeInputError(f"images need a pipeline with one input; this one takes {names}: give .npz files")
-        self.input: InputInfo = layout.inputs[0]
+        self.input: InputView = layout.inputs[0]
         self.gpu = _gpu_letterbox(layout)
         if self.gpu is None:
             shape = self.input.opt
@@ -89,8 +92,6 @@ class _Images:
             self.size = int(shape[2])
 
     def sample(self, source: str, bgr: np.ndarray) -> Sample:
-        from ..surgery.references import letterbox_numpy
-
         h, w = bgr.shape[:2]
         if self.gpu is not None:
             raw = bgr if self.gpu.get("swap_rb", True) else bgr[..., ::-1]
@@ -100,7 +101,7 @@ class _Images:
         return Sample(source, {self.input.name: boxed["images"]}, (h, w), (r, left, top))
 
 
-def _is_image_array(arr: np.ndarray, inp: InputInfo, gpu_letterbox: bool) -> bool:
+def _is_image_array(arr: np.ndarray, inp: InputView, gpu_letterbox: bool) -> bool:
     """A uint8 [H, W, 3] / [N, H, W, 3] array is an image when the pipeline letterboxes on the GPU
     (its boxes then map back through ratio_pad), or when it is not the pipeline's input shape."""
     if not (arr.dtype == np.uint8 and arr.ndim in (3, 4) and arr.shape[-1] == 3):
@@ -112,7 +113,7 @@ def _is_image_array(arr: np.ndarray, inp: InputInfo, gpu_letterbox: bool) -> boo
     return not fits
 
 
-def _rows(name: str, arr: np.ndarray, inp: InputInfo, source: str) -> np.ndarray:
+def _rows(name: str, arr: np.ndarray, inp: InputView, source: str) -> np.ndarray:
     if arr.ndim == len(inp.shape) - 1:
         return arr[None]
     if arr.ndim == len(inp.shape):
@@ -231,10 +232,7 @@ def run_bundle(bundle, inputs: Sequence[str | Path], out: Path | None = None, *,
                graphs: bool = True) -> dict[str, Any]:
     """`deepjit run`: every input through the pipeline (batched up to its max batch); detections
     per image, written to `out` as JSON when given."""
-    from ..bundle.folder import Bundle, read_bundle
-    from .pipeline import Pipeline
-
-    bundle = bundle if isinstance(bundle, Bundle) else read_bundle(Path(bundle))
+    bundle = read_bundle(bundle)
     samples = load_samples(inputs, Layout.from_bundle(bundle))
     records = []
     with Pipeline.load(bundle, prefer=prefer, graphs=graphs) as pipe:
@@ -291,12 +289,9 @@ def bench_bundle(bundle, batches: Sequence[int] | None = None, graphs: bool = Tr
                  iters: int = 100, *, prefer: str = "auto", seed: int = 0) -> dict[str, Any]:
     """`deepjit bench`: per batch, `warmup` calls then `iters` timed ones on seeded inputs: latency
     percentiles (µs) of the whole call and of its GPU part (CUDA events), throughput, launches."""
-    from ..bundle.folder import Bundle, read_bundle
-    from .pipeline import Pipeline
-
     if warmup < 0 or iters < 1:
         raise RuntimeInputError(f"bench needs warmup >= 0 and iters >= 1, got {warmup} and {iters}")
-    bundle = bundle if isinstance(bundle, Bundle) else read_bundle(Path(bundle))
+    bundle = read_bundle(bundle)
     layout = Layout.from_bundle(bundle)
     todo = check_batches(batches or layout.buckets, layout)
     rng = np.random.default_rng(seed)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from ..bundle.folder import Bundle
+from ..bundle.view import BundleView
+from ..engines import EngineArtifact, runner_for, tensorrt_importable
 from ..errors import MissingDependency
 from .layout import Layout, StepInfo
 
@@ -14,16 +15,13 @@ log = logging.getLogger("deepjit.runtime")
 
 
 def engine_files(layout: Layout, step: StepInfo) -> list[str]:
-    listed = (layout.engine.get("segments") or {}).get(step.name) or []
-    plans = (layout.engine.get("plans") or {}).get(step.name) or []
-    files = [*(listed if isinstance(listed, list) else [listed]), *(plans if isinstance(plans, list) else [plans])]
+    """The segment's files: its ONNX and the plans `deepjit materialize` built for it."""
+    files = [*layout.engine.segments.get(step.name, ()), *layout.engine.plans.get(step.name, ())]
     return list(dict.fromkeys([*files, *([step.file] if step.file else [])]))
 
 
-def engine_runner(bundle: Bundle, layout: Layout, step: StepInfo):
+def engine_runner(bundle: BundleView, layout: Layout, step: StepInfo):
     """(runner, on the GPU?) for a segment step; the runner is not activated yet."""
-    from ..engines import EngineArtifact, runner_for, tensorrt_importable
-
     files = engine_files(layout, step)
     plans = [f for f in files if f.endswith(".plan")]
     onnx_files = [f for f in files if f.endswith(".onnx")]

@@ -20,6 +20,10 @@ from pydantic import (
 from .targets import sm_for_gpu
 
 LEVELS = ("graph", "precision", "kernels", "end_to_end", "engine")
+BACKENDS = ("auto", "tensorrt", "onnxruntime")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+CALIBRATED = ("int8",)  # precisions whose ranges come from calibration data
+HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")
 
 
@@ -151,13 +155,13 @@ class Calibration(_Model):
 
 
 class Engine(_Model):
-    backend: Literal["auto", "tensorrt", "onnxruntime"] = "auto"
-    precision: Literal["fp32", "fp16", "bf16", "int8"] = "fp32"
+    backend: Literal[BACKENDS] = "auto"  # type: ignore[valid-type]
+    precision: Literal[PRECISIONS] = "fp32"  # type: ignore[valid-type]
     keep_fp32: list[str] | None = Field(None, description="op types or node names kept in fp32; default: DFL Softmax and friends")
     workspace: int = Field(2**30, gt=0, description="TensorRT workspace pool, e.g. 2GiB")
     timing_cache: SpecPath | None = None
     optimization_level: int = Field(3, ge=0, le=5)
-    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
+    hardware_compatibility: Literal[HARDWARE_COMPATIBILITY] = "none"  # type: ignore[valid-type]
     calibration: Calibration | None = None
 
     @field_validator("workspace", mode="before")
@@ -166,10 +170,18 @@ class Engine(_Model):
         return _bytes(value)
 
     @model_validator(mode="after")
-    def _int8_needs_calibration(self) -> "Engine":
-        if self.precision == "int8" and self.calibration is None:
-            raise ValueError("precision int8 needs `calibration` (data: folder or random, cache: path)")
+    def _calibrated(self) -> "Engine":
+        problem = calibration_problem(self.precision, self.calibration)
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+def calibration_problem(precision: str, calibration) -> str | None:
+    """Why `precision` cannot be built with `calibration` (None when it can): int8 needs calibration data."""
+    if precision in CALIBRATED and calibration is None:
+        return f"precision {precision} needs `calibration` (data: a folder or random, cache: a folder)"
+    return None
 
 
 class KernelRef(_Model):

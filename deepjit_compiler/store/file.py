@@ -24,14 +24,14 @@ from pathlib import Path
 from ..bundle.archive import pack_to
 from ..bundle.folder import (
     MANIFEST,
-    Bundle,
+    BundleView,
     check_replaceable,
     read_bundle,
     unpack_bundle,
 )
 from ..errors import BundleError, StoreError, closest
 from ..files import atomic_write
-from . import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
+from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
 
 log = logging.getLogger("deepjit.store")
 
@@ -81,9 +81,9 @@ class FileStore(Store):
             return []
         return sorted(p.name for p in self._tags.iterdir() if TAG_RE.fullmatch(p.name))
 
-    def push(self, bundle: Path | Bundle, tag: str, *, force: bool = False) -> PushResult:
+    def push(self, bundle: Path | BundleView, tag: str, *, force: bool = False) -> PushResult:
         check_tag(tag)
-        b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
+        b = read_bundle(bundle)
         digest = b.digest
         # Blobs first, outside the lock: content-addressed, so concurrent writers agree.
         pack_to(b.root, self._blob(digest))

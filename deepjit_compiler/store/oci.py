@@ -39,7 +39,7 @@ import requests
 from ..bundle.archive import pack_to, sha256_stream
 from ..bundle.folder import (
     MANIFEST,
-    Bundle,
+    BundleView,
     check_replaceable,
     read_bundle,
     unpack_bundle,
@@ -47,7 +47,7 @@ from ..bundle.folder import (
 from ..bundle.manifest import canonical_json
 from ..errors import BundleError, StoreError, closest
 from ..files import staging_dir
-from . import DIGEST_RE, Entry, PushResult, Store, check_tag
+from .refs import DIGEST_RE, Entry, PushResult, Store, check_tag
 
 log = logging.getLogger("deepjit.store")
 
@@ -251,9 +251,9 @@ class OciStore(Store):
         return sorted(tags)
 
     # ------------------------------------------------------------------------ verbs
-    def push(self, bundle: Path | Bundle, tag: str, *, force: bool = False) -> PushResult:
+    def push(self, bundle: Path | BundleView, tag: str, *, force: bool = False) -> PushResult:
         check_tag(tag)
-        b = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
+        b = read_bundle(bundle)
         ref = f"{self.url}:{tag}"
         with tempfile.TemporaryDirectory(prefix="deepjit-oci-") as tmp:
             layer_path, config_path = Path(tmp) / "bundle.tar.gz", b.root / MANIFEST

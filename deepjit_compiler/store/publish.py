@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..bundle.folder import Bundle, read_bundle
+from ..bundle.folder import read_bundle
+from ..bundle.view import BundleView
 from ..errors import StoreError, closest
 from ..spec.models import LEVELS
 from . import PushResult, open_store, parse_ref
@@ -47,7 +48,7 @@ def check_policy(manifest: Mapping[str, Any], require: Sequence[str]) -> None:
                          f"{', '.join(dict.fromkeys(require))}, but\n  " + "\n  ".join(refused))
 
 
-def publish(bundle_path: Path | Bundle, store_url: str, tag: str | None, require: Sequence[str],
+def publish(bundle_path: Path | BundleView, store_url: str, tag: str | None, require: Sequence[str],
             *, force: bool = False) -> PushResult:
     """Verify the bundle, check the policy, then push it to `store_url` under `tag`.
 
@@ -61,7 +62,7 @@ def publish(bundle_path: Path | Bundle, store_url: str, tag: str | None, require
     tag = tag or ref.tag
     if not tag:
         raise StoreError(f"publish.to: '{store_url}' has no tag; e.g. '{ref.store}:v1'")
-    bundle = bundle_path if isinstance(bundle_path, Bundle) else read_bundle(bundle_path)
+    bundle = read_bundle(bundle_path)
     check_policy(bundle.manifest, require)
     result = open_store(ref.store).push(bundle, tag, force=force)
     log.info("published %s as %s", result.digest, result.ref)

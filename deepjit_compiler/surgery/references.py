@@ -14,13 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import SurgeryError
 from ..graph.serialize import min_ir_version
-from ..validation.detections import NMS_OUTPUTS, box_iou
-
-# NMS_OUTPUTS lives in detections.py and stays importable from here.
-__all__ = ["LETTERBOX_DEFAULTS", "LETTERBOX_DTYPES", "LETTERBOX_INPUT", "NMS_DEFAULTS", "NMS_OUTPUTS", "OPSET",
-           "letterbox_numpy", "letterbox_params", "letterbox_reference", "nms_numpy", "nms_params", "nms_reference"]
 
 OPSET = 17
+NMS_OUTPUTS = ("num_dets", "boxes", "scores", "classes")  # TensorRT EfficientNMS's
 NMS_DEFAULTS: Mapping[str, Any] = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
 LETTERBOX_INPUT = "raw_images"
 LETTERBOX_DEFAULTS: Mapping[str, Any] = {"size": 640, "dtype": "float32", "swap_rb": True, "pad_value": 114}
@@ -186,6 +182,17 @@ def nms_numpy(output0: np.ndarray, *, conf_threshold: float = 0.25, iou_threshol
         out["scores"][b, :n] = score[keep[kept]]
         out["classes"][b, :n] = label[keep[kept]]
     return out
+
+
+def box_iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of one x1,y1,x2,y2 box with each of `boxes`: inter / (area1 + area2 - inter); 0 for empty unions."""
+    x1 = np.maximum(box[0], boxes[:, 0])
+    y1 = np.maximum(box[1], boxes[:, 1])
+    x2 = np.minimum(box[2], boxes[:, 2])
+    y2 = np.minimum(box[3], boxes[:, 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    area = lambda b: (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # noqa: E731
+    return inter / np.maximum(area(box) + area(boxes) - inter, 1e-12)
 
 
 # --- letterbox ----------------------------------------------------------------------------------

@@ -2,13 +2,15 @@
 at the shapes the spec gives its inputs."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SpecError
+from ..graph.tensors import TensorSig
 from ..runtime.images import IMAGE_SUFFIXES, read_image
+from ..surgery.references import letterbox_numpy
 
 _INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
 
@@ -17,8 +19,6 @@ def image_feeds(paths: list[Path], inputs: Mapping[str, tuple[str, tuple[int, ..
     """One feed per image (batch 1: images differ in size). A uint8 [B, H, W, 3] input (a letterbox
     stage on the GPU) takes the image as decoded, BGR like OpenCV's; a [B, 3, S, S] input takes it
     letterboxed on the host with the reference semantics (docs/semantics.md)."""
-    from ..surgery.references import letterbox_numpy
-
     if len(inputs) != 1:
         raise SpecError(f"validation.data.folder: images need a pipeline with one input, not {', '.join(inputs)}")
     (name, (dtype, shape)), = inputs.items()
@@ -121,10 +121,10 @@ def symbolic_dims(spec) -> dict[str, int]:
     return dims
 
 
-def feeds_for(spec, plan) -> list[dict[str, np.ndarray]]:
-    """The spec's validation data for the pipeline's inputs."""
+def feeds_for(spec, sigs: Sequence[TensorSig]) -> list[dict[str, np.ndarray]]:
+    """The spec's validation data for the tensors `sigs` (the pipeline's inputs, or a segment's)."""
     inputs = {}
-    for sig in plan.inputs:
+    for sig in sigs:
         inp = spec.inputs.get(sig.name)
         inputs[sig.name] = (sig.dtype, concrete_shape(sig.shape, _batch(spec, sig.name),
                                                       inp.opt_shape if inp else None, name=sig.name))

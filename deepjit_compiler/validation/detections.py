@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NMS_OUTPUTS = ("num_dets", "boxes", "scores", "classes")
+from ..surgery.references import box_iou
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,16 +23,6 @@ class DetectionMatch:
         return (f"{self.matched}/{self.ref_count} reference detections matched ({self.test_count} produced), "
                 f"min IoU {self.min_iou:.4f}, max score diff {self.max_score_diff:.2e}")
 
-
-def box_iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-    """IoU of one x1,y1,x2,y2 box with each of `boxes`: inter / (area1 + area2 - inter); 0 for empty unions."""
-    x1 = np.maximum(box[0], boxes[:, 0])
-    y1 = np.maximum(box[1], boxes[:, 1])
-    x2 = np.minimum(box[2], boxes[:, 2])
-    y2 = np.minimum(box[3], boxes[:, 3])
-    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
-    area = lambda b: (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # noqa: E731
-    return inter / np.maximum(area(box) + area(boxes) - inter, 1e-12)
 
 
 def match_detections(ref: dict[str, np.ndarray], test: dict[str, np.ndarray], *, min_iou: float = 0.99,

@@ -2,25 +2,25 @@
 model with the added stages' references around it."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from types import SimpleNamespace
 
 import onnx
 
-from ..bundle.folder import Bundle
+from ..bundle.view import BundleView
 from ..graph.compose import compose_reference
+from ..runtime.pipeline import Pipeline
 from .executor import onnxrt_runner
 from .gate import FunctionRunner, LevelResult, compare_runs
 
 
-def end_to_end_level(bundle: Bundle, steps, feeds, spec, report_dir: Path | None = None) -> LevelResult:
-    """The whole loaded pipeline (graph replay) against the original model + added references."""
-    from ..runtime.pipeline import Pipeline
-
-    added = [SimpleNamespace(name=s.name, position=s.position, reference=s.onnx, inputs=s.inputs_sig,
-                             outputs=s.outputs_sig) for s in steps if s.kind == "added"]
-    reference = compose_reference(onnx.load(str(bundle.file(bundle.manifest["model"]["file"]))), added)
-    lossy = bundle.manifest["engine"]["precision"] != "fp32"
+def end_to_end_level(bundle: BundleView, models: Mapping[str, onnx.ModelProto], feeds, spec,
+                     report_dir: Path | None = None) -> LevelResult:
+    """The whole loaded pipeline (graph replay) against the original model + added references;
+    `models`: each step's ONNX (the added stages' references among them)."""
+    added = [(s.name, s.position, models[s.name]) for s in bundle.steps if s.kind == "added"]
+    reference = compose_reference(bundle.onnx(bundle.model_file()), added)
+    lossy = bundle.precision != "fp32"
     tol = spec.validation.precision_tolerances if lossy else spec.validation.tolerances
     with Pipeline.load(bundle) as pipeline:
         result = compare_runs("end_to_end", onnxrt_runner(reference, "reference"), FunctionRunner(pipeline, "deepjit"),

@@ -24,7 +24,8 @@ from polygraphy.logger import G_LOGGER
 
 from ..files import atomic_write
 from ..spec.models import LEVELS
-from .detections import NMS_OUTPUTS, match_detections
+from ..surgery.references import NMS_OUTPUTS
+from .detections import match_detections
 
 log = logging.getLogger("deepjit.gate")
 G_LOGGER.module_severity = G_LOGGER.ERROR  # Polygraphy's per-output chatter goes to our summary instead
@@ -84,6 +85,12 @@ class GateReport:
         return [f"{lvl}: {o.describe()}" for lvl, r in self.levels.items() if r.status == "failed"
                 for o in r.outputs if not o.passed] + \
                [f"{lvl}: {r.reason}" for lvl, r in self.levels.items() if r.status == "failed" and not r.outputs]
+
+    @classmethod
+    def from_record(cls, levels: Mapping[str, Any]) -> GateReport:
+        """The inverse of to_record's levels (a bundle's validation record, as `BundleView.levels`)."""
+        return cls({name: LevelResult(name, lv["status"], lv.get("reason", ""), tuple(
+            OutputResult(o, **v) for o, v in (lv.get("outputs") or {}).items())) for name, lv in levels.items()})
 
     def to_record(self) -> dict[str, Any]:
         """The validation record stored in the bundle's manifest (levels in canonical order)."""

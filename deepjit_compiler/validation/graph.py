@@ -18,10 +18,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..graph.ort import ort_session, random_array
+from ..graph.ort import random_array
 from ..graph.tensors import TensorSig
 from ..surgery.plan import AddedStage, Plan
 from .data import symbolic_dims
+from .executor import StepRunner, WiringError, plan_runner
 from .gate import LevelResult, OutputResult, from_outputs
 
 log = logging.getLogger("deepjit.reassembly")
@@ -80,30 +81,6 @@ def _with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
     return m
 
 
-class _Runner:
-    """One ONNX Runtime session per ONNX model; runs it on whatever inputs `env` holds."""
-
-    def __init__(self, model: onnx.ModelProto, name: str):
-        self.name = name
-        self.sess = ort_session(model)
-        self.inputs = [i.name for i in self.sess.get_inputs()]
-        self.outputs = [o.name for o in self.sess.get_outputs()]
-
-    def run(self, env: dict[str, np.ndarray]) -> None:
-        missing = [n for n in self.inputs if n not in env]
-        if missing:
-            raise _WiringError(f"step '{self.name}' reads '{missing[0]}', which no earlier step produces")
-        try:
-            outs = self.sess.run(self.outputs, {n: env[n] for n in self.inputs})
-        except Exception as e:  # ORT raises its own types for shape/type mismatches
-            raise _WiringError(f"step '{self.name}' failed in ONNX Runtime: {e}") from None
-        env.update(zip(self.outputs, outs))
-
-
-class _WiringError(Exception):
-    pass
-
-
 def _feed(sigs: tuple[TensorSig, ...], rng: np.random.Generator, batch: int,
           ranges: Mapping[str, tuple[float, float]], dims: Mapping[str, int]) -> dict[str, np.ndarray]:
     """Random inputs. Symbolic dims: the first axis is `batch`, names in `dims` take that value, any
@@ -142,27 +119,27 @@ def check_reassembly(plan: Plan, original: onnx.ModelProto, *, seed: int, sample
     seeded random inputs and compare every pipeline output bit for bit."""
     t0 = time.perf_counter()
     boundary = [t.name for s in plan.steps if not isinstance(s, AddedStage) for t in s.outputs]
-    before = [_Runner(s.reference, s.name) for s in plan.added if s.position == "before"]
-    after = [_Runner(s.reference, s.name) for s in plan.added if s.position == "after"]
-    whole = _Runner(_with_outputs(original, boundary), "original model")
-    pieces = [_Runner(s.onnx, s.name) for s in plan.steps]
+    reference = StepRunner([*((s.name, s.reference) for s in plan.added if s.position == "before"),
+                            ("original model", _with_outputs(original, boundary)),
+                            *((s.name, s.reference) for s in plan.added if s.position == "after")])
+    pieces = plan_runner(plan)
     rng = np.random.default_rng(seed)
     worst: dict[str, tuple[bool, float, np.ndarray]] = {}
     first = None
     for _ in range(samples):
         feed = _feed(plan.inputs, rng, batch, input_ranges or {}, dims or {})
-        ref = dict(feed)
-        for r in (*before, whole, *after):
-            r.run(ref)
-        got = dict(feed)
+        ref = reference.tensors(feed)
+
+        def compare(step: str, outputs) -> None:
+            nonlocal first
+            first = first or _first_mismatch(step, outputs, ref)
+
         try:
-            for r in pieces:
-                r.run(got)
-                first = first or _first_mismatch(r, ref, got)
+            got = pieces.tensors(feed, after=compare)
             missing = [t.name for t in plan.outputs if t.name not in got]
             if missing:
-                raise _WiringError(f"pipeline output '{missing[0]}' is produced by no step")
-        except _WiringError as e:
+                raise WiringError(f"pipeline output '{missing[0]}' is produced by no step")
+        except WiringError as e:
             return ReassemblyReport((), seed, samples, first, str(e), time.perf_counter() - t0)
         for t in plan.outputs:
             same, diff = _same(got[t.name], ref[t.name])
@@ -174,17 +151,15 @@ def check_reassembly(plan: Plan, original: onnx.ModelProto, *, seed: int, sample
     return report
 
 
-def _first_mismatch(r: _Runner, ref: dict, got: dict) -> str | None:
-    for n in r.outputs:
-        if n in ref and not _same(got[n], ref[n])[0]:
-            return f"step '{r.name}' output '{n}'"
+def _first_mismatch(step: str, outputs, ref: dict) -> str | None:
+    for n, value in outputs.items():
+        if n in ref and not _same(value, ref[n])[0]:
+            return f"step '{step}' output '{n}'"
     return None
 
 
 def graph_level(spec, plan, model: onnx.ModelProto) -> LevelResult:
     """Reassembly: segments + references wired in order equal the original, bit for bit (fp32)."""
-    from .graph import check_reassembly
-
     v = spec.validation
     rep = check_reassembly(plan, model, seed=v.seed, samples=v.samples,
                            input_ranges=v.data.random.ranges if v.data.random else None,

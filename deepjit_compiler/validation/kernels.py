@@ -2,33 +2,40 @@
 (computed on the CPU by the bundle's segments and references, so a kernel is judged alone)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from types import SimpleNamespace
 
-from ..bundle.folder import Bundle
+import onnx
+
+from ..bundle.view import BundleView, KernelView
 from ..graph.compose import compose_reference
+from ..jit.contracts import load_contract
+from ..jit.nvrtc import compile_site_kernel
+from ..runtime.launch import ContractKernel, Letterbox, Postprocess, decode_input_names
+from ..runtime.pipeline import compiled_from_manifest
 from .executor import onnxrt_runner
 from .gate import FunctionRunner, LevelResult, OutputResult, compare_runs, from_outputs
 
 
-def _compiled(bundle: Bundle, entry: dict):
-    from ..runtime.pipeline import compiled_from_manifest
-
-    return compiled_from_manifest(bundle, entry)
+def _compiled(bundle: BundleView, kernel: KernelView):
+    return compiled_from_manifest(bundle, kernel.entry)
 
 
-def kernels_level(gpu, bundle: Bundle, steps, envs, spec, report_dir: Path | None = None) -> LevelResult:
+def kernels_level(gpu, bundle: BundleView, models: Mapping[str, onnx.ModelProto], envs, spec,
+                  report_dir: Path | None = None) -> LevelResult:
+    """`models`: each step's ONNX (segment or reference); `envs`: every tensor of the pipeline on the
+    CPU, per validation feed."""
     outputs: list[OutputResult] = []
     tol = spec.validation.tolerances
     det = tol.detections.model_dump()
-    sites = {s.name: s for s in steps if s.kind == "kernel"}
-    for step in steps:
+    sites = {s.name: s for s in bundle.steps if s.kind == "kernel"}
+    for step in bundle.steps:
         if step.kind == "segment":
             continue
-        for entry in step.kernels:
-            check = _CHECKS.get(entry["contract"], _generic)
-            result = check(gpu, bundle, step, entry, envs, tol, det, sites,
-                           dict(report_dir=report_dir, report_name=f"kernels.{step.name}.{entry['contract']}"))
+        for kernel in step.kernels:
+            check = _CHECKS.get(kernel.contract, _generic)
+            result = check(gpu, bundle, models, step, kernel, envs, tol, det, sites,
+                           dict(report_dir=report_dir, report_name=f"kernels.{step.name}.{kernel.contract}"))
             outputs += [OutputResult(f"{step.name}/{o.name}", o.passed, o.max_abs, o.median_abs, o.max_rel,
                                      o.median_rel, o.detail) for o in result.outputs]
     return from_outputs("kernels", outputs, f"each kernel against its reference on sm_{gpu.sm} ({gpu.name})")
@@ -45,36 +52,30 @@ def output0_twin_params(params: dict, declared) -> dict:
     return {**twin, "mode": "output0", **({"lanes_per_anchor": 1} if "lanes_per_anchor" in declared else {})}
 
 
-def _decode_output0(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
+def _decode_output0(gpu, bundle, models, step, kernel, envs, tol, det, sites, report) -> LevelResult:
     """The decode compiled in `output0` mode for this GPU, against the cut subgraph."""
-    from ..jit.contracts import load_contract
-    from ..jit.nvrtc import compile_site_kernel
-    from ..runtime.launch import ContractKernel, decode_input_names
-
-    contract = str(bundle.file(entry["files"]["contract"]))  # the bundle's copy of the contract
-    params = output0_twin_params(entry["params"], load_contract(contract).model.params)
+    contract = str(bundle.file(kernel.files["contract"]))  # the bundle's copy of the contract
+    params = output0_twin_params(kernel.params, load_contract(contract).model.params)
     compiled = compile_site_kernel(contract, params, None, sm=gpu.sm)
-    kernel = ContractKernel(gpu, compiled)
+    twin = ContractKernel(gpu, compiled)
     names = decode_input_names(step.facts)
 
     def run(feed):
         inputs = {k: gpu.upload(feed[v]) for k, v in names.items()}
-        dims = kernel.bind(inputs)
-        outs = kernel.allocate_outputs(dims)
-        kernel.launch({**inputs, **outs}, dims)
+        dims = twin.bind(inputs)
+        outs = twin.allocate_outputs(dims)
+        twin.launch({**inputs, **outs}, dims)
         return {"output0": gpu.download(outs["output0"])}
 
-    return compare_runs("kernels", onnxrt_runner(step.onnx, "reference"), FunctionRunner(run, "decode"),
-                        _feeds(envs, step.inputs_sig), tol, **report)
+    return compare_runs("kernels", onnxrt_runner(models[step.name], "reference"), FunctionRunner(run, "decode"),
+                        _feeds(envs, step.inputs), tol, **report)
 
 
-def _nms_chain(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
+def _nms_chain(gpu, bundle, models, step, kernel, envs, tol, det, sites, report) -> LevelResult:
     """nms reads the decode's candidates: the bundle's decode + nms binaries, against both references."""
-    from ..runtime.launch import Postprocess, decode_input_names
-
     site = next(iter(sites.values()))
     decode = _compiled(bundle, site.kernels[0])
-    nms = _compiled(bundle, entry)
+    nms = _compiled(bundle, kernel)
     names = decode_input_names(site.facts)
 
     def run(feed):
@@ -82,42 +83,36 @@ def _nms_chain(gpu, bundle, step, entry, envs, tol, det, sites, report) -> Level
         chain.launch()
         return chain.results()
 
-    nms_ref = SimpleNamespace(name=step.name, position="after", reference=step.onnx, inputs=step.inputs_sig,
-                              outputs=step.outputs_sig)
-    reference = compose_reference(site.onnx, [nms_ref])
+    reference = compose_reference(models[site.name], [(step.name, "after", models[step.name])])
     return compare_runs("kernels", onnxrt_runner(reference, "reference"), FunctionRunner(run, "decode+nms"),
-                        _feeds(envs, site.inputs_sig), tol, detection_params=det, **report)
+                        _feeds(envs, site.inputs), tol, detection_params=det, **report)
 
 
-def _letterbox(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
-    from ..runtime.launch import Letterbox
-
-    compiled = _compiled(bundle, entry)
+def _letterbox(gpu, bundle, models, step, kernel, envs, tol, det, sites, report) -> LevelResult:
+    compiled = _compiled(bundle, kernel)
 
     def run(feed):
         lb = Letterbox(gpu, compiled, gpu.upload(feed["raw_images"]))
         lb.launch()
         return lb.results()
 
-    return compare_runs("kernels", onnxrt_runner(step.onnx, "reference"), FunctionRunner(run, "letterbox"),
-                        _feeds(envs, step.inputs_sig), tol, **report)
+    return compare_runs("kernels", onnxrt_runner(models[step.name], "reference"), FunctionRunner(run, "letterbox"),
+                        _feeds(envs, step.inputs), tol, **report)
 
 
-def _generic(gpu, bundle, step, entry, envs, tol, det, sites, report) -> LevelResult:
+def _generic(gpu, bundle, models, step, kernel, envs, tol, det, sites, report) -> LevelResult:
     """A user's contract: its inputs and outputs carry the reference's tensor names."""
-    from ..runtime.launch import ContractKernel
-
-    kernel = ContractKernel(gpu, _compiled(bundle, entry))
+    loaded = ContractKernel(gpu, _compiled(bundle, kernel))
 
     def run(feed):
-        inputs = {s.name: gpu.upload(feed[s.name]) for s in kernel.inputs}
-        dims = kernel.bind(inputs)
-        outs = kernel.allocate_outputs(dims)
-        kernel.launch({**inputs, **outs}, dims)
+        inputs = {s.name: gpu.upload(feed[s.name]) for s in loaded.inputs}
+        dims = loaded.bind(inputs)
+        outs = loaded.allocate_outputs(dims)
+        loaded.launch({**inputs, **outs}, dims)
         return {k: gpu.download(v) for k, v in outs.items()}
 
-    return compare_runs("kernels", onnxrt_runner(step.onnx, "reference"), FunctionRunner(run, entry["contract"]),
-                        _feeds(envs, step.inputs_sig), tol, **report)
+    return compare_runs("kernels", onnxrt_runner(models[step.name], "reference"), FunctionRunner(run, kernel.contract),
+                        _feeds(envs, step.inputs), tol, **report)
 
 
 _CHECKS = {"yolov8_decode": _decode_output0, "nms": _nms_chain, "letterbox": _letterbox}

@@ -6,17 +6,16 @@ from pathlib import Path
 
 import onnx
 
-from .executor import onnx_step, pipeline_runner, reference_runner
+from ..precision.calibration import CalibrationSettings
+from ..precision.emulate import emulate_in_fp32
+from ..precision.rewrite import DEFAULT_KEEP_FP32, apply_precision, check_keep_fp32
+from .executor import pipeline_runner, reference_runner
 from .gate import LevelResult, compare_runs
 
 
 def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path | None = None
                     ) -> tuple[dict[str, onnx.ModelProto], LevelResult]:
     """Rewrite the engine segments to the spec's precision and measure the cost against fp32."""
-    from ..precision.calibration import CalibrationSettings
-    from ..precision.emulate import emulate_in_fp32
-    from ..precision.rewrite import DEFAULT_KEEP_FP32, apply_precision, check_keep_fp32
-
     e = spec.engine
     keep = tuple(e.keep_fp32) if e.keep_fp32 is not None else DEFAULT_KEEP_FP32
     if e.keep_fp32 is not None:
@@ -28,7 +27,7 @@ def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path 
         return segments, LevelResult("precision", "passed", "fp32: engine segments are the model's own")
     # ONNX Runtime's CPU kernels would hide fp16 rounding (and lack bf16 convs): run an fp32 twin
     # that rounds every low-precision tensor where the rewritten graph stores one.
-    twins = {name: onnx_step(emulate_in_fp32(m)) for name, m in segments.items()}
+    twins = {name: emulate_in_fp32(m) for name, m in segments.items()}
     level = compare_runs("precision", reference_runner(plan, model, "fp32"),
                          pipeline_runner(plan, twins, e.precision), feeds, spec.validation.precision_tolerances,
                          report_dir=report_dir, detection_params=spec.validation.precision_tolerances.detections.model_dump())

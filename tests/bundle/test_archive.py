@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from deepjit_compiler.bundle.archive import pack, pack_to, safe_extract
-from deepjit_compiler.files import replace_dir
 from deepjit_compiler.errors import BundleError
+from deepjit_compiler.files import replace_dir
 
 LONG = "kernels/" + "very_long_kernel_folder_name_" * 5 + "/decode.sm_90.cubin"  # > 100 chars: a PAX header
 

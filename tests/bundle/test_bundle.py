@@ -1,4 +1,4 @@
-"""Bundle manifest, digests, reproducibility, verification and atomic writes (deepjit_compiler/bundle.py)."""
+"""BundleView manifest, digests, reproducibility, verification and atomic writes (deepjit_compiler/bundle.py)."""
 from __future__ import annotations
 
 import gzip
@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import deepjit_compiler.bundle.folder as bundle_mod
 from deepjit_compiler.bundle.archive import pack
-from deepjit_compiler.bundle.folder import Bundle, describe, read_bundle, unpack_bundle, update_bundle, write_bundle
+from deepjit_compiler.bundle.folder import describe, read_bundle, unpack_bundle, update_bundle, write_bundle
+from deepjit_compiler.bundle.view import BundleView
 from deepjit_compiler.errors import BundleError
 
 
@@ -182,7 +183,7 @@ def test_read_bundle_verifies_folder_and_archive(tmp_path, sample):
     info = write_bundle(tmp_path / "b", files, manifest)
     for source in (info.path, info.archive):
         b = read_bundle(source)
-        assert isinstance(b, Bundle) and b.digest == info.digest and b.name == "tiny"
+        assert isinstance(b, BundleView) and b.digest == info.digest and b.name == "tiny"
         assert b.file("segments/backbone.onnx").read_bytes() == files["segments/backbone.onnx"]
         onnx.checker.check_model(onnx.load_from_string(b.file("segments/backbone.onnx").read_bytes()))
     with pytest.raises(BundleError, match="did you mean 'segments/backbone.onnx'"):

@@ -13,11 +13,17 @@ from onnx import TensorProto, helper, numpy_helper
 trt = pytest.importorskip("tensorrt", reason="needs TensorRT (pip install deepjit[tensorrt]); the config "
                                              "mapping is covered by test_tensorrt_config.py")
 
-from deepjit_compiler.precision.calibration import CalibrationSettings  # noqa: E402
-from deepjit_compiler.engines import (EngineSettings, InputProfile, deferred_settings, local_device_sm, materialize,
-                                      runner_for)
+from deepjit_compiler.engines import (
+    EngineSettings,
+    InputProfile,
+    deferred_settings,
+    local_device_sm,
+    materialize,
+    runner_for,
+)
 from deepjit_compiler.engines.tensorrt import TrtEngineRunner, build_engine  # noqa: E402
 from deepjit_compiler.errors import RuntimeInputError  # noqa: E402
+from deepjit_compiler.precision.calibration import CalibrationSettings  # noqa: E402
 from deepjit_compiler.precision.rewrite import apply_precision  # noqa: E402
 
 pytestmark = [pytest.mark.trt, pytest.mark.gpu]

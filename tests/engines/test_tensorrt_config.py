@@ -10,11 +10,24 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from deepjit_compiler.engines import (EngineArtifact, EngineSettings, InputProfile, deferred_settings,
-                                      engine_from_segment, materialize, select_backend, tensorrt_importable)
+from deepjit_compiler.engines import (
+    EngineArtifact,
+    EngineSettings,
+    InputProfile,
+    deferred_settings,
+    engine_from_segment,
+    materialize,
+    select_backend,
+    tensorrt_importable,
+)
 from deepjit_compiler.engines.base import Decision
-from deepjit_compiler.engines.tensorrt import (config_from_settings, network_kwargs, profiles_for, resolve_enums,
-                                               segment_inputs)
+from deepjit_compiler.engines.tensorrt import (
+    config_from_settings,
+    network_kwargs,
+    profiles_for,
+    resolve_enums,
+    segment_inputs,
+)
 from deepjit_compiler.errors import BundleError, EngineError, MissingDependency, SpecError
 
 IMAGES = InputProfile("images", (1, 3, 640, 640), (4, 3, 640, 640), (8, 3, 640, 640))

@@ -7,9 +7,18 @@ import textwrap
 import numpy as np
 import pytest
 
-from deepjit_compiler.jit.contracts import (bind_dims, concrete_shape, entry_symbols, launches, load_contract,
-                                            normalize_facts, resolve_params, signature, workspace_bytes)
 from deepjit_compiler.errors import KernelError, RuntimeInputError
+from deepjit_compiler.jit.contracts import (
+    bind_dims,
+    concrete_shape,
+    entry_symbols,
+    launches,
+    load_contract,
+    normalize_facts,
+    resolve_params,
+    signature,
+    workspace_bytes,
+)
 from deepjit_compiler.runtime.launch import decode_input_names, letterbox_geometry, pack_arg
 
 # Facts as surgery's yolov8_decode preset writes them (presets.py), static 640x640.

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deepjit_compiler.jit import nvrtc
 from deepjit_compiler.errors import KernelCompileError, KernelError
+from deepjit_compiler.jit import nvrtc
 from deepjit_compiler.jit.nvrtc import CompileOptions, compile_site_kernel, compile_site_kernels, compile_source
 from deepjit_compiler.jit.render import render_kernel
 

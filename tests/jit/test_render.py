@@ -8,8 +8,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from deepjit_compiler.jit.contracts import load_contract, resolve_params
 from deepjit_compiler.errors import KernelError
+from deepjit_compiler.jit.contracts import load_contract, resolve_params
 from deepjit_compiler.jit.render import f32_literal, render, render_kernel
 
 FACTS = {"reg_max": 16, "num_classes": 80, "strides": [8, 16, 32], "anchors": 8400,

@@ -10,7 +10,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from deepjit_compiler.errors import ModelError
-from deepjit_compiler.model.info import ModelInfo, TensorInfo, describe_model, load_model
+from deepjit_compiler.graph.tensors import TensorSig
+from deepjit_compiler.model.info import ModelInfo, describe_model, load_model
 
 
 @pytest.fixture
@@ -59,9 +60,9 @@ def test_describe_in_memory(tiny):
     assert info.producer == "unit 1.0"
     assert (info.ir_version, info.opset) == (8, 17)
     assert dict(info.opsets) == {"": 17, "com.x": 1}
-    assert info.inputs == (TensorInfo("x", "float32", ("N", 3, 8, 8)),)
-    assert info.outputs[0] == ("y", "float32", ("N", 4, 8, "?"))
-    assert info.outputs[1] == TensorInfo("y16", "float16", None)
+    assert info.inputs == (TensorSig("x", "float32", ("N", 3, 8, 8)),)
+    assert info.outputs[0] == TensorSig("y", "float32", ("N", 4, 8, "?"))
+    assert info.outputs[1] == TensorSig("y16", "float16", None)
     # 108 + 4 + 4 + 1 at the top, 5 + 5 in the If branches.
     assert info.parameter_count == 4 * 3 * 3 * 3 + 4 + 4 + 1 + 5 + 5
     assert info.node_count == 5 + 2
@@ -130,8 +131,8 @@ def test_describe_synthetic_yolov8n(tmp_path):
     info = describe_model(path)
     assert isinstance(info, ModelInfo)
     assert load_model(path) == model
-    assert info.inputs == (TensorInfo("images", "float32", ("batch", 3, 640, 640)),)
-    assert info.outputs == (TensorInfo("output0", "float32", ("batch", 84, 8400)),)
+    assert info.inputs == (TensorSig("images", "float32", ("batch", 3, 640, 640)),)
+    assert info.outputs == (TensorSig("output0", "float32", ("batch", 84, 8400)),)
     assert info.opset == 17 and info.ir_version == 8
     assert info.op_histogram() == Counter(n.op_type for n in model.graph.node)
     assert info.node_count == len(model.graph.node)

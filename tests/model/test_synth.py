@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from deepjit_compiler.model import synth
 from deepjit_compiler.errors import ModelError
+from deepjit_compiler.model import synth
 from deepjit_compiler.model.synth import synthesize_yolov8, write_synthetic
 
 # "YOLOv8n summary (fused): 168 layers, 3151904 parameters" and friends, as ultralytics prints them.

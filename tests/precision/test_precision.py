@@ -11,10 +11,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from deepjit_compiler.precision.calibration import CalibrationSettings, reader_for
 from deepjit_compiler.errors import SpecError
-from deepjit_compiler.precision.rewrite import DEFAULT_KEEP_FP32, KEEP_FP32_REASONS, apply_precision, check_keep_fp32
+from deepjit_compiler.precision.calibration import CalibrationSettings, reader_for
 from deepjit_compiler.precision.emulate import emulate_in_fp32, measure_cost
+from deepjit_compiler.precision.rewrite import DEFAULT_KEEP_FP32, KEEP_FP32_REASONS, apply_precision, check_keep_fp32
 
 FLOAT, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 # the module, not the `quantize` function the package re-exports under the same name

@@ -18,10 +18,10 @@ import onnx
 import onnx.compose
 import pytest
 
-from deepjit_compiler.runtime import gpu as gpu_mod
 from deepjit_compiler.errors import KernelError
-from deepjit_compiler.runtime.launch import ContractKernel, Letterbox, Postprocess, decode_input_names
 from deepjit_compiler.jit.nvrtc import compile_site_kernel
+from deepjit_compiler.runtime import gpu as gpu_mod
+from deepjit_compiler.runtime.launch import ContractKernel, Letterbox, Postprocess, decode_input_names
 from deepjit_compiler.surgery.references import letterbox_reference, nms_reference
 
 pytestmark = pytest.mark.gpu
@@ -60,9 +60,9 @@ def target(request, gpu):
 @lru_cache(maxsize=None)
 def decode_site(head_layout: str = "separate", dynamic: bool = False):
     """(reference subgraph, facts) of the decode cut from a synthetic YOLOv8n."""
-    from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
-    from deepjit_compiler.surgery.cut import plan_from_model
     from deepjit_compiler.model.synth import synthesize_yolov8
+    from deepjit_compiler.surgery.cut import plan_from_model
+    from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
 
     model = synthesize_yolov8("yolov8n", seed=0, dynamic=dynamic, head_layout=head_layout)
     plan = plan_from_model(model, [CutRequest("decode", preset="yolov8_decode", kernels=[KernelRequest("yolov8_decode")])])

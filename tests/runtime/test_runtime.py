@@ -7,8 +7,8 @@ Bundles are real: a yolov8n variant of pipelines/yolov8_t4.yaml, and one with a 
 """
 from __future__ import annotations
 
-import ctypes
 import copy
+import ctypes
 import json
 import logging
 import math
@@ -18,16 +18,17 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from conftest import REPO, YOLOV8N_T4
 
-from deepjit_compiler.runtime import hostmem, pipeline as runtime, run as runbundle
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.errors import BundleError, KernelError, MissingDependency, RuntimeInputError
-from deepjit_compiler.runtime.pipeline import CountingGpu, Pipeline, compiled_from_manifest
+from deepjit_compiler.runtime import hostmem
+from deepjit_compiler.runtime import pipeline as runtime
+from deepjit_compiler.runtime import run as runbundle
 from deepjit_compiler.runtime.code import choose_code
 from deepjit_compiler.runtime.inputs import bucket_for
 from deepjit_compiler.runtime.layout import Layout
-
-from conftest import REPO, YOLOV8N_T4
+from deepjit_compiler.runtime.pipeline import CountingGpu, Pipeline, compiled_from_manifest
 
 YOLOV8N = {old: new for old, new in YOLOV8N_T4.items() if not new.startswith("path: out/")}  # out/<name> here
 LETTERBOX = {
@@ -455,8 +456,8 @@ def test_nms_gets_its_shared_memory_and_overlaps_the_decode_only_in_sm90_code(t4
     """The T4 bundle's compute_75 PTX has no griddepcontrol.wait, so its nms launches after the decode
     as usual; the same contract compiled for sm_90 waits for the decode itself and is launched to
     overlap it. Either way it is given its contract's dynamic shared memory."""
-    from deepjit_compiler.runtime.launch import ContractKernel
     from deepjit_compiler.jit.nvrtc import compile_site_kernel
+    from deepjit_compiler.runtime.launch import ContractKernel
 
     def shared(chunk):
         return chunk * (chunk // 8 + 28)

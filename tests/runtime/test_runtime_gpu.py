@@ -21,9 +21,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from deepjit_compiler.errors import BundleError, RuntimeInputError
 from deepjit_compiler.runtime import gpu as gpu_mod
 from deepjit_compiler.validation.detections import match_detections
-from deepjit_compiler.errors import BundleError, RuntimeInputError
 
 pytestmark = pytest.mark.gpu
 

@@ -1,12 +1,11 @@
 import re
 
 import pytest
+from conftest import PIPELINES
 
 from deepjit_compiler.errors import SpecError
 from deepjit_compiler.spec.load import json_schema, load_spec
 from deepjit_compiler.spec.targets import sm_for_gpu
-
-from conftest import PIPELINES
 
 
 @pytest.mark.parametrize("name,sm", [("yolov8_t4.yaml", 75), ("yolov8_h200.yaml", 90)])

@@ -9,8 +9,8 @@ import pytest
 from deepjit_compiler.bundle.folder import read_bundle, write_bundle
 from deepjit_compiler.errors import BundleError, StoreError
 from deepjit_compiler.spec.models import LEVELS
-from deepjit_compiler.store.publish import check_policy, publish
 from deepjit_compiler.store import open_store
+from deepjit_compiler.store.publish import check_policy, publish
 
 ALL_PASSED = {lvl: {"status": "passed", "reason": ""} for lvl in LEVELS}
 

@@ -22,8 +22,15 @@ from deepjit_compiler import store
 from deepjit_compiler.bundle.folder import read_bundle, write_bundle
 from deepjit_compiler.errors import StoreError
 from deepjit_compiler.store import open_store
-from deepjit_compiler.store.oci import (ANN_DIGEST, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE, OCI_MANIFEST,
-                                        PASSWORD_ENV, USER_ENV)
+from deepjit_compiler.store.oci import (
+    ANN_DIGEST,
+    ARTIFACT_TYPE,
+    CONFIG_MEDIA_TYPE,
+    LAYER_MEDIA_TYPE,
+    OCI_MANIFEST,
+    PASSWORD_ENV,
+    USER_ENV,
+)
 
 
 def make_bundle(dest: Path, seed: int, name: str = "tiny"):

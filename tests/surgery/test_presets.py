@@ -9,11 +9,11 @@ from conftest_models import to_opset11
 from onnx import version_converter
 
 from deepjit_compiler.graph.ort import ort_session
+from deepjit_compiler.model.synth import synthesize_yolov8
+from deepjit_compiler.surgery.cut import plan_from_model
+from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
 from deepjit_compiler.surgery.presets import yolov8_decode
 from deepjit_compiler.validation.graph import check_reassembly
-from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
-from deepjit_compiler.surgery.cut import plan_from_model
-from deepjit_compiler.model.synth import synthesize_yolov8
 
 IMGSZ = 320
 STRIDES = [8, 16, 32]

@@ -7,10 +7,15 @@ import onnx
 import pytest
 
 from deepjit_compiler.errors import SurgeryError
-from deepjit_compiler.graph.serialize import MAX_IR_VERSION
 from deepjit_compiler.graph.ort import ort_session
-from deepjit_compiler.validation.detections import NMS_OUTPUTS
-from deepjit_compiler.surgery.references import letterbox_numpy, letterbox_reference, nms_numpy, nms_reference
+from deepjit_compiler.graph.serialize import MAX_IR_VERSION
+from deepjit_compiler.surgery.references import (
+    NMS_OUTPUTS,
+    letterbox_numpy,
+    letterbox_reference,
+    nms_numpy,
+    nms_reference,
+)
 
 
 def run(model: onnx.ModelProto, **feed) -> dict[str, np.ndarray]:

@@ -8,12 +8,12 @@ import yaml
 from conftest_models import chain_model, make_model, two_cut_model
 from onnx import TensorProto, helper, numpy_helper
 
-from deepjit_compiler.surgery.presets import yolov8_decode
-from deepjit_compiler.validation.graph import check_reassembly
-from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
-from deepjit_compiler.surgery.cut import plan_from_model
-from deepjit_compiler.surgery.suggest import format_suggestions, suggest_cuts
 from deepjit_compiler.model.synth import synthesize_yolov8
+from deepjit_compiler.surgery.cut import plan_from_model
+from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
+from deepjit_compiler.surgery.presets import yolov8_decode
+from deepjit_compiler.surgery.suggest import format_suggestions, suggest_cuts
+from deepjit_compiler.validation.graph import check_reassembly
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])

@@ -4,19 +4,17 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest_models import (chain_model, mystery_model, parallel_model, shape_model, tiny_detector,
-                             two_cut_model)
+from conftest_models import chain_model, mystery_model, parallel_model, shape_model, tiny_detector, two_cut_model
 
 from deepjit_compiler.errors import SurgeryError
-from deepjit_compiler.graph.serialize import MAX_IR_VERSION, pin_ir_version
-from deepjit_compiler.graph.tensors import TensorSig, value_info_map
 from deepjit_compiler.graph.ort import ort_session
-from deepjit_compiler.validation.graph import check_reassembly
+from deepjit_compiler.graph.serialize import MAX_IR_VERSION, pin_ir_version
 from deepjit_compiler.graph.shapes import _ort_run_infos as ort_run_infos
 from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes
-from deepjit_compiler.surgery.plan import AddedStage
-from deepjit_compiler.surgery.plan import CutRequest, KernelRequest, KernelSite, Segment
+from deepjit_compiler.graph.tensors import TensorSig, value_info_map
 from deepjit_compiler.surgery.cut import plan_from_model
+from deepjit_compiler.surgery.plan import AddedStage, CutRequest, KernelRequest, KernelSite, Segment
+from deepjit_compiler.validation.graph import check_reassembly
 
 
 def cut(name, inputs=None, outputs=None, **kw):

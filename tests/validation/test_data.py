@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from deepjit_compiler.validation.data import concrete_shape, folder_feeds, random_feeds
 from deepjit_compiler.errors import SpecError
+from deepjit_compiler.validation.data import concrete_shape, folder_feeds, random_feeds
 
 
 def test_random_feeds_are_seeded_and_in_range():

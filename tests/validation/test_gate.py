@@ -4,9 +4,9 @@ import pytest
 from onnx import TensorProto, helper
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
+from deepjit_compiler.spec.models import Tolerance, Tolerances
 from deepjit_compiler.validation.detections import match_detections
 from deepjit_compiler.validation.gate import FunctionRunner, GateReport, compare_runs, not_run
-from deepjit_compiler.spec.models import Tolerance, Tolerances
 
 
 def _sigmoid_model() -> bytes:

@@ -4,10 +4,10 @@ import json
 import shutil
 
 import pytest
-
 from conftest import REPO, run_cli
-from deepjit_compiler.bundle.folder import read_bundle
 from test_build import N
+
+from deepjit_compiler.bundle.folder import read_bundle
 
 pytestmark = pytest.mark.gpu
 

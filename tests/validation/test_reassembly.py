@@ -7,9 +7,9 @@ import json
 import onnx
 from conftest_models import chain_model, tiny_detector, two_cut_model
 
-from deepjit_compiler.validation.graph import check_reassembly
-from deepjit_compiler.surgery.plan import CutRequest, KernelRequest, Plan
 from deepjit_compiler.surgery.cut import plan_from_model
+from deepjit_compiler.surgery.plan import CutRequest, KernelRequest, Plan
+from deepjit_compiler.validation.graph import check_reassembly
 
 
 def cut(name, inputs, outputs):
