@@ -35,7 +35,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
-from deepjit_compiler.runtime.launch import Postprocess, decode_input_names  # noqa: E402
+from deepjit_compiler.jit.contracts import load_contract  # noqa: E402
+from deepjit_compiler.runtime.launch import KernelChain  # noqa: E402
+from deepjit_compiler.runtime.layout import site_aliases  # noqa: E402
 from deepjit_compiler.jit.nvrtc import compile_site_kernel, nvrtc_version  # noqa: E402
 
 NC, REG, STRIDES, SIZE = 80, 16, (8, 16, 32), 640
@@ -108,12 +110,15 @@ def wall_us(gpu, step, iters: int) -> list[float]:
     return out
 
 
-def bench_deepjit(gpu, decode, nms, site_facts, inputs_sets, iters: int, torch) -> dict[str, dict]:
-    posts = []
-    for maps in inputs_sets:
-        host = {f"{r}_{i}": lv[r] for i, lv in enumerate(maps) for r in ("box", "cls")}
-        posts.append(Postprocess(gpu, decode, nms, {k: gpu.upload(v) for k, v in host.items()}))
-    assert set(decode_input_names(site_facts)) == set(posts[0].inputs)
+def site_feed(site, maps) -> dict[str, np.ndarray]:
+    """The cut's head-map tensors, by the preset's record of which is which."""
+    return {h["name"]: maps[h["level"]][h["role"]] for h in site.facts["head_inputs"]}
+
+
+def bench_deepjit(gpu, decode, nms, site, inputs_sets, iters: int, torch) -> dict[str, dict]:
+    aliases = site_aliases(load_contract(decode.contract_path), decode.params, site.inputs, "decode")
+    posts = [KernelChain(gpu, [(decode, aliases), nms], {k: gpu.upload(v) for k, v in site_feed(site, maps).items()})
+             for maps in inputs_sets]
     launches = posts[0].launch()
     gpu.sync()
     graphs = [gpu.capture(p.launch) for p in posts]
@@ -128,18 +133,18 @@ def bench_deepjit(gpu, decode, nms, site_facts, inputs_sets, iters: int, torch) 
     # Breakdown: the decode alone (its counters zeroed by a memset node each replay), and the nms
     # alone on the candidates one decode left (their count restored by a copy node each replay).
     def decode_alone(p):
-        gpu.fill(p.candidates["cand_count"], 0)
+        gpu.fill(p.tensors["cand_count"], 0)
         p.gpu.launch_with(p.plan[0].config, p.plan[0].function, *p.plan[0].args)
 
     saved = []
     for p in posts:
         decode_alone(p)
-        saved.append(gpu.empty(p.candidates["cand_count"].shape, np.int32))
-        gpu.copy(saved[-1], p.candidates["cand_count"])
+        saved.append(gpu.empty(p.tensors["cand_count"].shape, np.int32))
+        gpu.copy(saved[-1], p.tensors["cand_count"])
     gpu.sync()
 
     def nms_alone(p, s):
-        gpu.copy(p.candidates["cand_count"], s)
+        gpu.copy(p.tensors["cand_count"], s)
         p.gpu.launch_with(p.plan[1].config, p.plan[1].function, *p.plan[1].args)
 
     dgraphs = [gpu.capture(lambda p=p: decode_alone(p)) for p in posts]
@@ -245,8 +250,7 @@ def bench_onnxrt(site, input_sets, iters: int) -> dict:
     a.ir_version = b.ir_version = max(a.ir_version, b.ir_version)
     sess = ort.InferenceSession(onnx.compose.merge_models(a, b, io_map=[("output0", "output0")]).SerializeToString(),
                                 providers=["CPUExecutionProvider"])
-    names = decode_input_names(site.facts)
-    feeds = [{names[f"{r}_{i}"]: lv[r] for i, lv in enumerate(maps) for r in ("box", "cls")} for maps in input_sets]
+    feeds = [site_feed(site, maps) for maps in input_sets]
     sess.run(None, feeds[0])
     wall = []
     for k in range(iters):
@@ -302,7 +306,7 @@ def main(argv=None) -> int:
     for batch in args.batches:
         rng = np.random.default_rng(batch)
         sets = [head_maps(rng, batch) for _ in range(ROTATE)]
-        ours = bench_deepjit(gpu, decode, nms, site.facts, sets, args.iters, torch)
+        ours = bench_deepjit(gpu, decode, nms, site, sets, args.iters, torch)
         theirs = bench_torch(torch, torchvision, sets, max(20, args.iters // 4))
         cpu = bench_onnxrt(site, sets, max(3, args.ort_iters // max(1, batch // 8)))
         print(f"batch {batch}: detections per image deepjit {ours.pop('_dets')[:4]} torch {theirs.pop('_dets')[:4]} "

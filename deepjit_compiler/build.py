@@ -18,6 +18,7 @@ from .bundle.folder import StagedBundle
 from .engines import EngineSettings, decide, engine_from_segment
 from .errors import GateFailed
 from .files import atomic_write, replace_dir
+from .jit.contracts import declared_detections
 from .jit.nvrtc import compile_site_kernels
 from .log import StageTimes
 from .model.source import ResolvedModel, check_inputs, resolve_model
@@ -65,7 +66,7 @@ class BuildResult:
             "engine": None if self.decision is None else {"backend": self.decision.backend,
                                                           "deferred": self.decision.deferred,
                                                           "reason": self.decision.reason},
-            "kernels": {stage: [k.manifest() | {"from_cache": k.from_cache} for k in ks]
+            "kernels": {stage: [k.to_dict() | {"from_cache": k.from_cache} for k in ks]
                         for stage, ks in self.kernels.items()},
             "validation": self.report.to_record(),
             "bundle": None if self.bundle is None else {"path": str(self.bundle.path), "digest": self.bundle.digest},
@@ -88,7 +89,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         check_inputs(loaded, resolved.model)
     result = BuildResult(loaded, resolved, times=times)
     with times.stage("surgery"):
-        result.plan = plan = plan_from_model(resolved.model, spec.cuts)
+        result.plan = plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
     if dry_run:
         return result
 
@@ -97,7 +98,9 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     with times.stage("graph"):
         report = GateReport().with_levels(graph_level(spec, plan, resolved.model))
     with times.stage("precision"):
-        segments, precision_level = precision_stage(spec, plan, resolved.model, feeds, report_dir)
+        detections = declared_detections((k.contract for s in (*plan.sites, *plan.added) for k in s.kernels),
+                                         loaded.folder)
+        segments, precision_level = precision_stage(spec, plan, resolved.model, feeds, report_dir, detections)
         report = report.with_levels(precision_level)
     with times.stage("kernels"):
         result.kernels = compile_kernels(loaded, plan)

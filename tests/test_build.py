@@ -2,12 +2,15 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
-from conftest import YOLOV8N_T4, run_cli
+from conftest import REPO, YOLOV8N_T4, run_cli
 
 from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.errors import StoreError
+from deepjit_compiler.runtime import run as runbundle
+from deepjit_compiler.runtime.layout import Layout
 
 N = YOLOV8N_T4  # tests/validation/test_gate_gpu.py builds the same variant
 
@@ -98,3 +101,42 @@ def test_build_publishes_to_an_oci_registry(write_spec, tmp_path, registry_serve
     assert [(e.tag, e.digest) for e in entries] == [("yolov8s-t4", result.bundle.digest)]
     pulled = store.pull(f"{url}:yolov8s-t4", tmp_path / "pulled")
     assert read_bundle(pulled).digest == result.bundle.digest
+
+
+def copy_contract(folder: Path, builtin: str, name: str) -> str:
+    """A user's copy of a built-in contract under another name (its template is found in DeepJIT's)."""
+    text = (REPO / "kernels" / f"{builtin}.yaml").read_text()
+    assert f"\nname: {builtin}\n" in text
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.yaml").write_text(text.replace(f"\nname: {builtin}\n", f"\nname: {name}\n"))
+    return f"{folder.name}/{name}.yaml"
+
+
+@pytest.mark.slow  # a full build
+def test_users_copies_of_the_builtin_kernels_get_the_same_treatment(t4_build, write_spec, tmp_path):
+    """DeepJIT knows its kernels only through their contracts' declared roles, so copies under other
+    names (nms: its reference and its detection outputs; decode: which cut input each of its inputs is,
+    and its twin) build, gate and run exactly like the built-in ones."""
+    nms = copy_contract(tmp_path / "my_kernels", "nms", "my_nms")
+    decode = copy_contract(tmp_path / "my_kernels", "yolov8_decode", "my_decode")
+    spec = _spec(write_spec, **{"      - contract: yolov8_decode ": f"      - contract: {decode} ",
+                                "      - contract: nms\n": f"      - contract: {nms}\n"})
+    ours, theirs = read_bundle(t4_build.bundle.path), read_bundle(build_pipeline(spec, publish=False).bundle.path)
+    # the build: the same plan, the copy of nms added with the NMS reference, the same binaries
+    assert [(s.name, s.kind) for s in theirs.steps] == [(s.name, s.kind) for s in ours.steps]
+    assert [k.contract for s in theirs.steps for k in s.kernels] == ["my_decode", "my_nms"]
+    assert theirs.file("references/nms.onnx").read_bytes() == ours.file("references/nms.onnx").read_bytes()
+    for step in ("decode", "nms"):
+        mine, builtin = theirs.step(step).kernels[0], ours.step(step).kernels[0]
+        assert theirs.file(mine.files["cubin"]).read_bytes() == ours.file(builtin.files["cubin"]).read_bytes()
+    # the gate: the copy's outputs are detections, compared as sets, with the same figures
+    assert "detections" in theirs.levels["precision"]["outputs"]
+    assert theirs.levels["precision"] == ours.levels["precision"]
+    # the runtime: the copy of the decode reads the cut's head maps, the copy of nms makes detections
+    layout, builtin_layout = Layout.from_bundle(theirs), Layout.from_bundle(ours)
+    assert [(s.reads, s.writes) for s in layout.steps] == [(s.reads, s.writes) for s in builtin_layout.steps]
+    assert layout.detections == builtin_layout.detections and len(layout.detections) == 1
+    outputs = {"num_dets": np.array([1], np.int32), "boxes": np.array([[[1.0, 2.0, 3.0, 4.0]]], np.float32),
+               "scores": np.array([[0.5]], np.float32), "classes": np.array([[7]], np.int32)}
+    record = runbundle.result_of(outputs, 0, runbundle.Sample("x.npy", {}), layout)
+    assert record["detections"] == [{"class": 7, "score": 0.5, "box": [1.0, 2.0, 3.0, 4.0]}]

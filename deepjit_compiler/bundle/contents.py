@@ -78,7 +78,7 @@ def bundle_manifest(loaded, resolved, plan, kernels, settings, decision, artifac
             entry["file"] = engine_path(f"{step.name}.onnx")
         else:
             entry["reference"] = plan.relpath(step)
-            entry["kernels"] = [{**k.manifest(), "contract_sha256": k.source.contract_digest,
+            entry["kernels"] = [{**k.to_dict(), "contract_sha256": k.source.contract_digest,
                                  "files": kernel_files(step.name, k)} for k in kernels[step.name]]
             entry["facts" if step.kind == "kernel" else "params"] = _jsonable(
                 dict(step.facts) if step.kind == "kernel" else dict(step.params))

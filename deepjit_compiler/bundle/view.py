@@ -17,8 +17,11 @@ from typing import Any
 import onnx
 import yaml
 
-from ..errors import BundleError, closest
+from ..errors import BundleError, KernelError, closest
 from ..graph.tensors import TensorSig
+from ..jit.contract_models import Detections
+from ..jit.contracts import Contract, load_contract
+from ..jit.nvrtc import CompiledKernel
 from ..spec.models import Spec
 
 STEP_KINDS = ("segment", "kernel", "added")
@@ -213,6 +216,10 @@ class BundleView:
         return _engine(self.manifest.get("engine"))
 
     @property
+    def precision(self) -> str:
+        return self.engine.precision
+
+    @property
     def target_sm(self) -> int | None:
         return (self.manifest.get("target") or {}).get("sm")
 
@@ -230,6 +237,39 @@ class BundleView:
             if s.name == name:
                 return s
         raise BundleError(f"{self.source}: no step '{name}'{closest(name, [s.name for s in self.steps])}")
+
+    def contract(self, kernel: KernelView) -> Contract:
+        """The kernel's contract as the bundle carries it (YAML, template, headers), so a user's own
+        contract loads where it is not installed."""
+        bundled = kernel.files.get("contract")
+        bundled = bundled if bundled in self.files else None
+        try:
+            return load_contract(str(self.file(bundled)) if bundled else kernel.contract)
+        except (KernelError, BundleError) as e:
+            copy = f"its copy '{bundled}' in the bundle is unusable" if bundled else "the bundle carries no copy of it"
+            raise BundleError(f"step '{kernel.step}': kernel contract '{kernel.contract}' cannot be loaded ({e}); "
+                              f"{copy}: rebuild it with this DeepJIT") from None
+
+    def compiled(self, kernel: KernelView) -> CompiledKernel:
+        """The kernel as it was compiled: its record and its binaries, read from the bundle."""
+        try:
+            cubin, ptx = self.file(kernel.files["cubin"]).read_bytes(), self.file(kernel.files["ptx"]).read_text()
+        except KeyError as e:
+            raise BundleError(f"{self.source}: kernel {kernel.name} lists no {e} file") from None
+        source = kernel.files.get("source")
+        contract = kernel.files.get("contract")
+        try:
+            return CompiledKernel.from_dict(kernel.entry, cubin=cubin, ptx=ptx,
+                                            code=self.file(source).read_text() if source else "",
+                                            filename=(source or "").rsplit("/", 1)[-1],
+                                            contract_path=str(self.file(contract)) if contract else "")
+        except KernelError as e:
+            raise BundleError(f"{self.source}: manifest: {e}") from None
+
+    @cached_property
+    def detections(self) -> tuple[Detections, ...]:
+        """The outputs that are detections, as the kernels' contracts declare them."""
+        return tuple(d for s in self.steps for k in s.kernels if (d := self.contract(k).model.roles.detections))
 
     def model_file(self) -> str:
         return str(_field(self.manifest.get("model"), "file", "model"))

@@ -9,10 +9,12 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ARG_TYPES", "ArgSpec", "ContractModel", "EntrySpec", "Expr", "ParamSpec", "TensorSpec"]
-
 Expr = Union[int, float, str]
 ARG_TYPES = ("ptr", "i32", "u32", "i64", "u64", "f32", "f64")
+# Added stages' ONNX references (surgery/references.py) and host-computed launch args (runtime/launch.py)
+# a contract can name in its roles.
+REFERENCES = ("letterbox", "nms")
+HOST_ARGS = ("letterbox_geometry",)
 
 
 class _Model(BaseModel):
@@ -39,6 +41,8 @@ class TensorSpec(_Model):
     repeat: Expr | None = None
     when: str | None = None
     zero_init: bool = Field(False, description="must be zeroed once at allocation; the kernels keep it so")
+    site_input: Expr | None = Field(None, description="which of the kernel site's inputs (by position) this "
+                                    "input reads; default: the pipeline tensor of the same name")
     doc: str = ""
 
 
@@ -62,6 +66,41 @@ class EntrySpec(_Model):
     args: list[ArgSpec]
 
 
+class Detections(_Model):
+    """Outputs that are detections in TensorRT EfficientNMS's layout: compared as sets, never by order."""
+
+    count: str = "num_dets"
+    boxes: str = "boxes"
+    scores: str = "scores"
+    classes: str = "classes"
+
+    @property
+    def names(self) -> tuple[str, str, str, str]:
+        return self.count, self.boxes, self.scores, self.classes
+
+
+class ImageInput(_Model):
+    """An input that takes decoded images, uint8 [B, H, W, 3], as they are."""
+
+    tensor: str
+    channels: str = Field("'bgr'", description="an expression over params: 'bgr' or 'rgb', the order it reads")
+    ratio_pad: str | None = Field(None, description="an output of (r, left, top) per image, so boxes map back "
+                                  "to the image as (x - left) / r")
+
+
+class Roles(_Model):
+    """What is special about a kernel, declared, so that a user's contract gets the same treatment."""
+
+    reference: Literal[REFERENCES] | None = Field(  # type: ignore[valid-type]
+        None, description="an added stage's ONNX reference (surgery/references.py)")
+    twin: dict[str, Any] = Field(default_factory=dict, description="params under which the kernel writes its "
+                                 "cut's own outputs: the kernels level checks that twin against the cut")
+    detections: Detections | None = None
+    image_input: ImageInput | None = None
+    host_args: Literal[HOST_ARGS] | None = Field(  # type: ignore[valid-type]
+        None, description="launch args the runtime computes on the host from the bound dims and params")
+
+
 class ContractModel(_Model):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     description: str = ""
@@ -74,3 +113,4 @@ class ContractModel(_Model):
     outputs: list[TensorSpec] = Field(default_factory=list)
     entry_points: list[EntrySpec] = Field(min_length=1)
     workspace: Expr = 0
+    roles: Roles = Roles()

@@ -14,7 +14,7 @@ level (`box_{{ i }}`) or a sum over levels. A bare name that is neither a param 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,7 +28,7 @@ from ..config import data_dir
 from ..errors import KernelError, RuntimeInputError, closest
 from ..graph.tensors import TensorSig
 from ..spec.locate import describe_errors
-from .contract_models import ContractModel, ParamSpec
+from .contract_models import ContractModel, Detections, ParamSpec
 from .expressions import CTYPES, _repeats, _truthy, evaluate, expand
 
 
@@ -179,6 +179,37 @@ def signature(contract: Contract, params: Mapping[str, Any]) -> tuple[TensorSig,
                 shape = tuple(evaluate(d, ctx, f"{where}.shape") for d in spec.shape)
                 out.append(TensorSig(name, dtype, shape, role, spec.zero_init))
     return tuple(out)
+
+
+def site_inputs(contract: Contract, params: Mapping[str, Any]) -> dict[str, int]:
+    """{input name: position among the kernel site's inputs} for the inputs that declare `site_input`;
+    the others read the pipeline tensor of their own name."""
+    out = {}
+    for k, spec in enumerate(contract.model.inputs):
+        if spec.site_input is None:
+            continue
+        where = f"{contract.path}: inputs[{k}]"
+        for ctx in _repeats(spec, params, where):
+            pos = evaluate(spec.site_input, ctx, f"{where}.site_input")
+            if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0:
+                raise KernelError(f"{where}.site_input: must be a position (an int >= 0), got {pos!r}")
+            out[expand(spec.name, ctx)] = pos
+    return out
+
+
+def declared_detections(refs: Iterable[str], spec_dir: Path | None = None) -> tuple[Detections, ...]:
+    """The detection outputs the contracts `refs` (names or paths) declare (roles.detections)."""
+    roles = (load_contract(str(ref), spec_dir=spec_dir).model.roles for ref in refs)
+    return tuple(r.detections for r in roles if r.detections is not None)
+
+
+def image_channels(contract: Contract, params: Mapping[str, Any]) -> str:
+    """'bgr' or 'rgb': the channel order the contract's image input reads (roles.image_input)."""
+    role = contract.model.roles.image_input
+    order = evaluate(role.channels, params, f"{contract.path}: roles.image_input.channels")
+    if order not in ("bgr", "rgb"):
+        raise KernelError(f"{contract.path}: roles.image_input.channels must give 'bgr' or 'rgb', got {order!r}")
+    return order
 
 
 def bind_dims(contract: Contract, params: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],

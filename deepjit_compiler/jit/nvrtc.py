@@ -33,7 +33,8 @@ from .render import KernelSource, render_kernel
 log = logging.getLogger("deepjit.nvrtc")
 nvrtc = lazy_import("cuda.bindings.nvrtc", "compiling kernels needs NVRTC: install cuda-bindings and nvidia-cuda-nvrtc")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # of the cache entries: 2 stores CompiledKernel.to_dict()
+KERNEL_FORMAT = 1   # of CompiledKernel.to_dict(), the record bundles and the cache keep
 _LOG_LINE = re.compile(r"^(?P<file>[^\s()]+)\((?P<line>\d+)\): (?P<rest>.*)$")
 
 
@@ -110,15 +111,39 @@ class CompiledKernel:
     def digest(self) -> str:
         return self.key
 
-    def manifest(self) -> dict[str, Any]:
-        """JSON-able description for a bundle manifest (no binaries, no timings)."""
-        return {"contract": self.contract, "key": self.key, "arch": self.arch, "ptx_arch": self.ptx_arch,
-                "entries": dict(self.entries), "lowered": dict(self.lowered), "options": list(self.options),
-                "nvrtc_version": self.nvrtc_version, "min_driver": self.min_driver,
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able record a bundle manifest and a cache entry keep (no binaries, no timings)."""
+        return {"format": KERNEL_FORMAT, "contract": self.contract, "key": self.key, "arch": self.arch,
+                "ptx_arch": self.ptx_arch, "entries": dict(self.entries), "lowered": dict(self.lowered),
+                "options": list(self.options), "nvrtc_version": self.nvrtc_version, "min_driver": self.min_driver,
                 "ptx_min_driver": self.ptx_min_driver, "ptx_isa": self.ptx_isa,
                 "params": {k: v for k, v in self.params.items()},
                 "cubin_sha256": hashlib.sha256(self.cubin).hexdigest(),
                 "ptx_sha256": hashlib.sha256(self.ptx.encode()).hexdigest()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, cubin: bytes, ptx: str, source: KernelSource | None = None,
+                  code: str = "", filename: str = "", contract_path: str = "", log: str = "",
+                  from_cache: bool = False) -> CompiledKernel:
+        """The inverse of to_dict, with the binaries. `source`: what it was rendered from, when at hand;
+        otherwise a KernelSource of the rendered `code` (a bundle's copy) is made. KernelError (a
+        BundleError's cause) for a record of another format or with a field missing."""
+        if d.get("format") != KERNEL_FORMAT:
+            raise KernelError(f"kernel record of format {d.get('format')!r}; this DeepJIT reads {KERNEL_FORMAT} "
+                              "(rebuild the bundle, or clear the kernel cache)")
+        try:
+            name, params = str(d["contract"]), dict(d["params"])
+            entries = tuple((str(k), str(v)) for k, v in d["entries"].items())
+            arch = str(d["arch"])
+            if not (arch.startswith("sm_") and arch[3:].isdigit()):
+                raise ValueError(f"arch {arch!r} is not sm_XX")
+            src = source or KernelSource(name, filename, code, entries, (), (), (), params)
+            return cls(name, contract_path or name, src, int(arch[3:]), cubin, ptx, entries,
+                       tuple((str(k), str(v)) for k, v in d["lowered"].items()), tuple(d.get("options", ())),
+                       str(d["nvrtc_version"]), int(d["min_driver"]), int(d["ptx_min_driver"]),
+                       str(d.get("ptx_isa", "")), str(d.get("key", "")), log, from_cache, params)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise KernelError(f"kernel {d.get('contract', '?')!r}: its record is malformed ({e!r})") from None
 
 
 def _check(result, what: str):
@@ -252,18 +277,15 @@ def compile_cached(source: KernelSource, sm: int, options: CompileOptions = Comp
     if entry is not None:
         meta, blobs = entry
         log.debug("cache hit for %s (%s)", source.contract, key[:12])
-        kernel = CompiledKernel(source.contract, contract_path, source, sm, blobs["cubin"], blobs["ptx"].decode(),
-                                source.symbols, tuple(tuple(x) for x in meta["lowered"]), tuple(meta["options"]),
-                                meta["nvrtc_version"], meta["min_driver"], meta["ptx_min_driver"], meta["ptx_isa"],
-                                key, meta.get("log", ""), True, source.params)
+        # The params are not in the key (two param sets may render the same code): this request's.
+        kernel = CompiledKernel.from_dict({**meta, "params": dict(source.params)}, cubin=blobs["cubin"],
+                                          ptx=blobs["ptx"].decode(), source=source, contract_path=contract_path,
+                                          log=meta.get("log", ""), from_cache=True)
     else:
-        built = compile_source(source, sm, options, contract_path=contract_path)
+        built = dataclasses.replace(compile_source(source, sm, options, contract_path=contract_path), key=key)
         cache.put(key, {"cubin": built.cubin, "ptx": built.ptx.encode()},
-                  {"contract": source.contract, "arch": built.arch, "lowered": built.lowered, "options": built.options,
-                   "nvrtc_version": built.nvrtc_version, "min_driver": built.min_driver,
-                   "ptx_min_driver": built.ptx_min_driver, "ptx_isa": built.ptx_isa, "log": built.log,
-                   "deepjit": __version__})
-        kernel = dataclasses.replace(built, key=key)
+                  {**built.to_dict(), "log": built.log, "deepjit": __version__})
+        kernel = built
     _dump(kernel)
     return kernel
 

@@ -1,16 +1,10 @@
-"""Which code of a bundle's kernel loads on this GPU (its cubin, or its PTX for the driver to JIT),
-and the CompiledKernel rebuilt from a manifest entry and its files. No GPU needed: the runtime asks
-before loading anything, so an incompatible bundle fails with one clear error.
+"""Which code of a bundle's kernel loads on this GPU: its cubin, or its PTX for the driver to JIT.
+No GPU needed: the runtime asks before loading anything, so an incompatible bundle fails with one
+clear error.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from ..bundle.view import sm_of
 from ..errors import BundleError, KernelError, closest
-from ..jit.nvrtc import CompiledKernel
-from ..jit.render import KernelSource
 from .layout import KernelInfo
 
 
@@ -43,19 +37,3 @@ def choose_code(kernel: KernelInfo, device_sm: int, driver: int, prefer: str = "
                           f"for {_cuda(need)} or newer; {here} is older: update the driver, or rebuild the bundle "
                           f"with an NVRTC no newer than {_cuda(driver)} (pin nvidia-cuda-nvrtc on the build machine)")
     return code
-
-
-def compiled_kernel(entry: Mapping[str, Any], cubin: bytes, ptx: str, source: str = "", contract_path: str = ""):
-    """A CompiledKernel (what Gpu.load and ContractKernel take) from a bundle manifest's kernel entry
-    and its files. Its contract is the bundle's copy (`contract_path`), else found by name."""
-    try:
-        name, params = str(entry["contract"]), dict(entry["params"])
-        entries = tuple((str(k), str(v)) for k, v in entry["entries"].items())
-        lowered = tuple((str(k), str(v)) for k, v in entry["lowered"].items())
-        src = KernelSource(name, entry["files"]["source"].rsplit("/", 1)[-1], source, entries, (), (), (), params)
-        return CompiledKernel(name, contract_path or name, src, sm_of(entry.get("arch", ""), name), cubin, ptx, entries, lowered,
-                              tuple(entry.get("options", ())), str(entry["nvrtc_version"]), int(entry["min_driver"]),
-                              int(entry["ptx_min_driver"]), str(entry.get("ptx_isa", "")), str(entry.get("key", "")),
-                              params=params)
-    except (KeyError, TypeError, AttributeError) as err:
-        raise BundleError(f"manifest: kernel entry {entry.get('contract', '?')!r} is malformed ({err!r})") from None

@@ -1,16 +1,12 @@
 """A device phase prepared for one set of shapes: its kernel launches with packed args (and any
 engine enqueue), run plainly or captured once as a CUDA graph and replayed; views of the max-size
-buffers at a bucket's shapes; the host-computed args some contracts take."""
+buffers at a bucket's shapes."""
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 from ..errors import KernelError
 from .gpu import DeviceArray, Gpu
 from .hostmem import capacity
-from .launch import Prepared, letterbox_geometry
-from .layout import KernelInfo
+from .launch import Prepared
 
 
 def view(arr: DeviceArray, shape) -> DeviceArray:
@@ -46,10 +42,3 @@ class PreparedPhase:
         if self.graph is not None:
             self.graph.close()
             self.graph = None
-
-
-def extra_values(k: KernelInfo, dims: Mapping[str, int]) -> dict[str, Any]:
-    """Launch args a contract takes from the host besides tensors and dims."""
-    if k.contract.name == "letterbox":
-        return letterbox_geometry(dims["H"], dims["W"], int(k.params["size"])).values()
-    return {}

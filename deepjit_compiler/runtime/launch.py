@@ -1,13 +1,13 @@
 """Host-side launchers: bind tensors to a contract, compute its geometry, pack typed args, launch.
 
-`ContractKernel` runs any compiled contract (a user's too); `Postprocess` chains yolov8_decode
-(candidates) and nms on shared candidate buffers, ready for CUDA-graph capture; `Letterbox` adds
-the host-side geometry the letterbox kernel takes as args.
+`ContractKernel` runs any compiled contract (a user's too); `KernelChain` runs several one after the
+other on shared buffers (decode -> nms), ready for CUDA-graph capture; `host_values` gives the args a
+contract takes from the host (its roles.host_args: the letterbox's geometry).
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import KernelError, RuntimeInputError
 from ..graph.tensors import TensorSig
 from ..jit.contracts import (
+    Contract,
     Launch,
     bind_dims,
     concrete_shape,
@@ -136,36 +137,54 @@ class Prepared:
     args: tuple
 
 
-class Postprocess:
-    """yolov8_decode (mode candidates) -> nms for fixed input shapes, with persistent buffers.
+class KernelChain:
+    """Compiled kernels run one after the other on one GPU over buffers allocated once: a kernel reads the
+    given inputs or an earlier kernel's outputs by pipeline name (`aliases` maps its contract's tensor
+    names to those), its outputs are allocated for the bound dims (zero_init ones zeroed once), and its
+    host args (roles.host_args) computed. Ready for CUDA-graph capture: decode -> nms is two launches
+    and no memset, since nms resets the decode's counters. The kernels level runs these; so do the GPU
+    tests and benchmarks."""
 
-    The candidate counters are zeroed once at allocation; nms resets them after reading, so a run is
-    exactly two launches (and one CUDA graph replay when captured)."""
-
-    def __init__(self, gpu: Gpu, decode: CompiledKernel, nms: CompiledKernel, inputs: Mapping[str, DeviceArray],
-                 prefer: str = "auto"):
-        if decode.params.get("mode") != "candidates":
-            raise KernelError(f"Postprocess needs the decode in mode 'candidates', got mode "
-                              f"{decode.params.get('mode')!r}")
+    def __init__(self, gpu: Gpu, kernels: Sequence[CompiledKernel | tuple[CompiledKernel, Mapping[str, str]]],
+                 inputs: Mapping[str, DeviceArray], prefer: str = "auto"):
         self.gpu, self.inputs = gpu, dict(inputs)
-        self.decode, self.nms = ContractKernel(gpu, decode, prefer), ContractKernel(gpu, nms, prefer)
-        self.decode_dims = self.decode.bind(self.inputs)
-        self.candidates = self.decode.allocate_outputs(self.decode_dims)
-        self.nms_dims = self.nms.bind(self.candidates)
-        self.outputs = self.nms.allocate_outputs(self.nms_dims)
-        self.scratch = self.nms.workspace(self.nms_dims)
-        self.plan = (self.decode.prepare({**self.inputs, **self.candidates}, self.decode_dims)
-                     + self.nms.prepare({**self.candidates, **self.outputs, "workspace": self.scratch}, self.nms_dims))
+        self.tensors: dict[str, DeviceArray] = dict(inputs)
+        self.kernels: list[ContractKernel] = []
+        self.dims: list[Mapping[str, int]] = []
+        self.plan: tuple[Prepared, ...] = ()
+        for item in kernels:
+            compiled, aliases = item if isinstance(item, tuple) else (item, {})
+            kernel = ContractKernel(gpu, compiled, prefer)
+            reads = {}
+            for sig in kernel.inputs:
+                name = aliases.get(sig.name, sig.name)
+                if name not in self.tensors:
+                    raise KernelError(f"kernel {kernel.contract.name}: input '{sig.name}' ({name}) is neither given "
+                                      f"nor made by an earlier kernel; have {', '.join(self.tensors)}")
+                reads[sig.name] = self.tensors[name]
+            dims = kernel.bind(reads)
+            outs = kernel.allocate_outputs(dims)
+            values = {**reads, **outs, "workspace": kernel.workspace(dims),
+                      **host_values(kernel.contract, kernel.params, dims)}
+            self.plan += kernel.prepare(values, dims)
+            self.tensors.update(outs)
+            self.kernels.append(kernel)
+            self.dims.append(dims)
+
+    @property
+    def outputs(self) -> dict[str, DeviceArray]:
+        """The last kernel's outputs."""
+        return {s.name: self.tensors[s.name] for s in self.kernels[-1].outputs}
 
     def launch(self) -> int:
-        """Enqueue one post-process on the GPU's stream (inputs are read from self.inputs' buffers);
-        returns the kernels launched (2)."""
+        """Enqueue the kernels on the GPU's stream; returns how many were launched."""
         for p in self.plan:
             self.gpu.launch_with(p.config, p.function, *p.args)
         return len(self.plan)
 
-    def results(self) -> dict[str, np.ndarray]:
-        return {name: self.gpu.download(arr) for name, arr in self.outputs.items()}
+    def results(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Buffers copied to the host: `names` (any kernel's outputs), else the last kernel's outputs."""
+        return {n: self.gpu.download(self.tensors[n]) for n in (names or self.outputs)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,27 +217,15 @@ def letterbox_geometry(h: int, w: int, size: int) -> LetterboxGeometry:
                              float(f32(new_h) / f32(h)))
 
 
-class Letterbox:
-    """The letterbox kernel for one input size: raw_images [B, H, W, 3] uint8 -> images, ratio_pad."""
-
-    def __init__(self, gpu: Gpu, compiled: CompiledKernel, raw_images: DeviceArray, prefer: str = "auto"):
-        self.gpu, self.kernel = gpu, ContractKernel(gpu, compiled, prefer)
-        self.raw = raw_images
-        self.dims = self.kernel.bind({"raw_images": raw_images})
-        self.geometry = letterbox_geometry(self.dims["H"], self.dims["W"], int(compiled.params["size"]))
-        self.outputs = self.kernel.allocate_outputs(self.dims)
-
-    def launch(self) -> int:
-        return self.kernel.launch({"raw_images": self.raw, **self.outputs, **self.geometry.values()}, self.dims)
-
-    def results(self) -> dict[str, np.ndarray]:
-        return {name: self.gpu.download(arr) for name, arr in self.outputs.items()}
+def _letterbox_args(params: Mapping[str, Any], dims: Mapping[str, int]) -> dict[str, Any]:
+    return letterbox_geometry(dims["H"], dims["W"], int(params["size"])).values()
 
 
-def decode_input_names(facts: Mapping[str, Any]) -> dict[str, str]:
-    """yolov8_decode's inputs (box_0, cls_0, ...) -> the kernel site's tensor names, from the
-    preset's `head_inputs` fact (surgery orders site inputs level by level, box before class)."""
-    heads = facts.get("head_inputs")
-    if not heads:
-        raise KernelError("kernel site facts have no 'head_inputs': is this a yolov8_decode preset site?")
-    return {f"{h['role']}_{h['level']}": h["name"] for h in heads}
+# roles.host_args -> the launch args it computes from the params and the bound dims
+HOST_ARGS = {"letterbox_geometry": _letterbox_args}
+
+
+def host_values(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int]) -> dict[str, Any]:
+    """The launch args a contract takes from the host besides tensors and dims (its roles.host_args)."""
+    name = contract.model.roles.host_args
+    return HOST_ARGS[name](params, dims) if name else {}

@@ -23,18 +23,18 @@ from typing import Any
 import numpy as np
 
 from ..bundle.view import BundleView, EngineView, InputView, KernelView
-from ..errors import BundleError, KernelError, closest
+from ..errors import BundleError, closest
 from ..graph.tensors import TensorSig
+from ..jit.contract_models import Detections
 from ..jit.contracts import (
     Contract,
     bind_dims,
     concrete_shape,
-    load_contract,
     signature,
+    site_inputs,
     workspace_bytes,
 )
 from .inputs import bucket_for, check_feeds, show_shape
-from .launch import decode_input_names
 
 log = logging.getLogger("deepjit.runtime")
 
@@ -128,24 +128,24 @@ class Schedule:
     device_tensors: tuple[str, ...]         # every tensor that needs a device buffer
 
 
-def _aliases(kind: str, facts: Mapping[str, Any], sigs: Sequence[TensorSig]) -> dict[str, str]:
-    """Contract tensor names -> plan tensor names: yolov8_decode's box_i/cls_i are the site's head maps."""
-    if kind == "kernel" and facts.get("head_inputs") and any(s.name == "box_0" for s in sigs):
-        return decode_input_names(facts)
-    return {}
+def site_aliases(contract: Contract, params: Mapping[str, Any], site: Sequence[TensorSig],
+                 where: str) -> dict[str, str]:
+    """Contract tensor names -> plan tensor names for the inputs that declare `site_input` (a position
+    among the step's inputs, e.g. yolov8_decode's box_i/cls_i are the cut's head maps)."""
+    out = {}
+    for name, pos in site_inputs(contract, params).items():
+        if pos >= len(site):
+            raise BundleError(f"{where}: input '{name}' reads site input {pos}, but the step has {len(site)} "
+                              f"inputs: {', '.join(t.name for t in site)}")
+        out[name] = site[pos].name
+    return out
 
 
-def _kernel(k: KernelView, kind: str, facts: Mapping[str, Any], view: BundleView | None) -> KernelInfo:
-    """`view`: the bundle whose copy of the contract to load (None: the contract by name)."""
-    bundled = k.files.get("contract") if view is not None else None
-    try:
-        contract = load_contract(str(view.file(bundled)) if bundled else k.contract)
-    except (KernelError, BundleError) as e:
-        copy = f"its copy '{bundled}' in the bundle is unusable" if bundled else "the bundle carries no copy of it"
-        raise BundleError(f"step '{k.step}': kernel contract '{k.contract}' cannot be loaded ({e}); {copy}: "
-                          "rebuild it with this DeepJIT") from None
+def _kernel(k: KernelView, inputs: Sequence[TensorSig], view: BundleView) -> KernelInfo:
+    contract = view.contract(k)
     sigs = signature(contract, k.params)
-    return KernelInfo(k.step, k.index, k, contract, k.params, sigs, _aliases(kind, facts, sigs))
+    return KernelInfo(k.step, k.index, k, contract, k.params, sigs,
+                      site_aliases(contract, k.params, inputs, f"kernel {k.name}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +163,10 @@ class Layout:
 
     # -- reading ---------------------------------------------------------------------------------
     @classmethod
-    def from_bundle(cls, view: BundleView, *, bundled_contracts: bool = True) -> Layout:
-        """The bundle's run plan; each kernel's contract is the bundle's copy (`bundled_contracts`),
-        else the installed one of that name."""
+    def from_bundle(cls, view: BundleView) -> Layout:
+        """The bundle's run plan; each kernel's contract is the bundle's copy."""
         steps = tuple(StepInfo(s.name, s.kind, s.inputs, s.outputs,
-                               tuple(_kernel(k, s.kind, s.facts, view if bundled_contracts else None) for k in s.kernels),
+                               tuple(_kernel(k, s.inputs, view) for k in s.kernels),
                                s.file if s.kind == "segment" else None)
                       for s in view.steps)
         return cls(view.name, view.digest, view.target_sm, view.target_gpu, view.inputs, view.outputs, steps,
@@ -175,8 +174,8 @@ class Layout:
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> Layout:
-        """The run plan of a manifest alone (contracts by name): what a test edits."""
-        return cls.from_bundle(BundleView(Path("."), manifest), bundled_contracts=False)
+        """The run plan of a manifest alone (no files, so contracts by name): what a test edits."""
+        return cls.from_bundle(BundleView(Path("."), {**manifest, "files": {}}))
 
     # -- batch -----------------------------------------------------------------------------------
     @property
@@ -213,6 +212,11 @@ class Layout:
     @property
     def kernels(self) -> tuple[KernelInfo, ...]:
         return tuple(k for s in self.steps for k in s.kernels)
+
+    @property
+    def detections(self) -> tuple[Detections, ...]:
+        """The outputs that are detections, as the kernels' contracts declare them."""
+        return tuple(k.contract.model.roles.detections for k in self.kernels if k.contract.model.roles.detections)
 
     def schedule(self, engines_on_device: bool) -> Schedule:
         """Group the steps into phases and plan the copies between them; BundleError when a step

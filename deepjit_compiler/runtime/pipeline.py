@@ -30,11 +30,11 @@ import numpy as np
 from ..bundle.folder import read_bundle
 from ..bundle.view import BundleView, InputView
 from ..errors import BundleError, KernelError
-from .code import choose_code, compiled_kernel
+from .code import choose_code
 from .gpu import DeviceArray, Gpu, driver_version
-from .graphs import PreparedPhase, extra_values, view
+from .graphs import PreparedPhase, view
 from .hostmem import PinnedBuffer, capacity, d2h_async, h2d_async
-from .launch import ContractKernel
+from .launch import ContractKernel, host_values
 from .layout import (
     Layout,
     Phase,
@@ -67,19 +67,6 @@ class CountingGpu(Gpu):
 
 
 _new_gpu = CountingGpu  # the device a Pipeline loads on (tests swap in a host-memory fake)
-
-
-def compiled_from_manifest(bundle: BundleView, entry: Mapping[str, Any]):
-    """The CompiledKernel of a bundle's kernel entry (`plan.steps[].kernels[]`), binaries read from the bundle."""
-    files = entry.get("files") or {}
-    try:
-        cubin = bundle.file(files["cubin"]).read_bytes()
-        ptx = bundle.file(files["ptx"]).read_text()
-        source = bundle.file(files["source"]).read_text() if "source" in files else ""
-    except KeyError as e:
-        raise BundleError(f"{bundle.source}: kernel {entry.get('contract', '?')!r} lists no {e} file") from None
-    contract = str(bundle.file(files["contract"])) if "contract" in files else ""
-    return compiled_kernel(entry, cubin, ptx, source, contract)
 
 
 class Pipeline:
@@ -161,7 +148,7 @@ class Pipeline:
                         "at load; rebuild with target.gpu for this GPU to load cubins", where, target, self.gpu.sm,
                         self.gpu.name, ", ".join(ptx))
         for k in self.layout.kernels:
-            self._kernels[k.name] = ContractKernel(self.gpu, compiled_from_manifest(self.bundle, k.entry),
+            self._kernels[k.name] = ContractKernel(self.gpu, self.bundle.compiled(k.view),
                                                    self.code[k.name])
 
     def _load_engines(self) -> None:
@@ -218,7 +205,7 @@ class Pipeline:
                 kernel = self._kernels[k.name]
                 dims = kernel_dims(k, shapes)
                 values = {s.name: views[k.plan_name(s.name)] for s in k.sigs}
-                values.update(workspace=self._workspaces[k.name], **extra_values(k, dims))
+                values.update(workspace=self._workspaces[k.name], **host_values(k.contract, k.params, dims))
                 plan = kernel.prepare(values, dims)
                 items += plan
                 count += len(plan)

@@ -24,7 +24,8 @@ from ..bundle.folder import read_bundle
 from ..bundle.view import InputView
 from ..errors import RuntimeInputError
 from ..files import atomic_write
-from ..surgery.references import NMS_OUTPUTS, letterbox_numpy
+from ..jit.contracts import image_channels
+from ..surgery.references import letterbox_numpy
 from .images import IMAGE_SUFFIXES, read_image
 from .layout import Layout
 from .pipeline import Pipeline
@@ -32,7 +33,6 @@ from .pipeline import Pipeline
 log = logging.getLogger("deepjit.run")
 
 TENSOR_SUFFIXES = (".npy", ".npz")
-DETECTIONS = NMS_OUTPUTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +67,23 @@ def expand_inputs(paths: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def _gpu_letterbox(layout: Layout) -> dict[str, Any] | None:
-    """The letterbox kernel's params when the pipeline letterboxes on the GPU."""
+@dataclass(frozen=True, slots=True)
+class ImageStage:
+    """A kernel of the pipeline that takes decoded images (its contract's roles.image_input): the
+    pipeline input it reads, the channel order it wants and its ratio_pad output, if any."""
+
+    tensor: str
+    channels: str
+    ratio_pad: str | None
+
+
+def image_stage(layout: Layout) -> ImageStage | None:
+    """The pipeline's image stage (a letterbox on the GPU), or None."""
     for k in layout.kernels:
-        if k.contract.name == "letterbox":
-            return dict(k.params)
+        role = k.contract.model.roles.image_input
+        if role is not None:
+            return ImageStage(k.plan_name(role.tensor), image_channels(k.contract, k.params),
+                              k.plan_name(role.ratio_pad) if role.ratio_pad else None)
     return None
 
 
@@ -83,8 +95,9 @@ class _Images:
             names = ", ".join(i.name for i in layout.inputs)
             raise RuntimeInputError(f"images need a pipeline with one input; this one takes {names}: give .npz files")
         self.input: InputView = layout.inputs[0]
-        self.gpu = _gpu_letterbox(layout)
-        if self.gpu is None:
+        self.gpu = image_stage(layout)
+        if self.gpu is None or self.gpu.tensor != self.input.name:
+            self.gpu = None
             shape = self.input.opt
             if len(shape) != 4 or shape[1] != 3 or shape[2] != shape[3]:
                 raise RuntimeInputError(f"input '{self.input.name}' is {list(self.input.shape)}: host letterboxing "
@@ -94,7 +107,7 @@ class _Images:
     def sample(self, source: str, bgr: np.ndarray) -> Sample:
         h, w = bgr.shape[:2]
         if self.gpu is not None:
-            raw = bgr if self.gpu.get("swap_rb", True) else bgr[..., ::-1]
+            raw = bgr if self.gpu.channels == "bgr" else bgr[..., ::-1]
             return Sample(source, {self.input.name: np.ascontiguousarray(raw[None])}, (h, w))
         boxed = letterbox_numpy(bgr[None], size=self.size, dtype=self.input.dtype, swap_rb=True)
         r, left, top = (float(v) for v in boxed["ratio_pad"][0])
@@ -151,7 +164,7 @@ def load_samples(paths: Sequence[str | Path], layout: Layout) -> list[Sample]:
                 raise RuntimeInputError(f"{path}: this pipeline takes {len(layout.inputs)} inputs: give a .npz "
                                         f"with arrays named {', '.join(by_name)}")
             inp = layout.inputs[0]
-            if _is_image_array(arr, inp, _gpu_letterbox(layout) is not None):
+            if _is_image_array(arr, inp, image_stage(layout) is not None):
                 images = images or _Images(layout)
                 batch = arr if arr.ndim == 4 else arr[None]
                 samples += [images.sample(f"{path.name}[{i}]" if arr.ndim == 4 else path.name, img)
@@ -197,23 +210,26 @@ def map_boxes(boxes: np.ndarray, ratio_pad: Sequence[float], size: tuple[int, in
     return out
 
 
-def result_of(outputs: dict[str, np.ndarray], i: int, sample: Sample) -> dict[str, Any]:
+def result_of(outputs: dict[str, np.ndarray], i: int, sample: Sample, layout: Layout) -> dict[str, Any]:
     """The JSON record of row i: detections (boxes in the original image when known), or the raw outputs."""
     record: dict[str, Any] = {"source": sample.source, "size": list(sample.size) if sample.size else None}
-    if not all(k in outputs for k in DETECTIONS):
+    det = next((d for d in layout.detections if all(n in outputs for n in d.names)), None)
+    if det is None:
         record["outputs"] = {k: {"shape": list(v.shape[1:]), "dtype": str(v.dtype), "values": v[i].tolist()}
                              for k, v in outputs.items()}
         return record
-    n = int(outputs["num_dets"][i])
-    boxes = outputs["boxes"][i, :n]
-    ratio_pad = sample.ratio_pad or (tuple(outputs["ratio_pad"][i]) if "ratio_pad" in outputs else None)
+    n = int(outputs[det.count][i])
+    boxes = outputs[det.boxes][i, :n]
+    stage = image_stage(layout)
+    device_pad = stage.ratio_pad if stage is not None and stage.ratio_pad in outputs else None
+    ratio_pad = sample.ratio_pad or (tuple(outputs[device_pad][i]) if device_pad else None)
     if ratio_pad is not None and sample.size is not None:
         boxes, frame = map_boxes(boxes, ratio_pad, sample.size), "image"
     else:
         frame = "input"
     record.update(num_dets=n, boxes_in=frame, detections=[
         {"class": int(c), "score": round(float(s), 6), "box": [round(float(x), 3) for x in b]}
-        for b, s, c in zip(boxes, outputs["scores"][i, :n], outputs["classes"][i, :n])])
+        for b, s, c in zip(boxes, outputs[det.scores][i, :n], outputs[det.classes][i, :n])])
     return record
 
 
@@ -238,7 +254,7 @@ def run_bundle(bundle, inputs: Sequence[str | Path], out: Path | None = None, *,
     with Pipeline.load(bundle, prefer=prefer, graphs=graphs) as pipe:
         for group in batches(samples, pipe.max_batch):
             outputs = pipe(stack(group))
-            records += [result_of(outputs, i, s) for i, s in enumerate(group)]
+            records += [result_of(outputs, i, s, pipe.layout) for i, s in enumerate(group)]
         result = {**_describe(pipe), "results": records, "out": str(out) if out else None}
     if out is not None:
         _write_json(Path(out), result)

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -147,8 +148,9 @@ def _sigs(infos: Mapping[str, onnx.ValueInfoProto], names: Sequence[str]) -> tup
     return tuple(sig_from_value_info(infos[n]) for n in names)
 
 
-def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any]) -> Plan:
-    """Cut `model` as `cuts` say; returns the pipeline's steps in run order."""
+def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any], *, spec_dir: Path | None = None) -> Plan:
+    """Cut `model` as `cuts` say; returns the pipeline's steps in run order. An added stage's kernel
+    contract (by name, or a path relative to `spec_dir`) says which reference the stage gets."""
     t0 = time.perf_counter()
     cuts = list(cuts)
     _check_cut_names(cuts)
@@ -188,7 +190,7 @@ def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any]) -> Plan:
             steps.append(KernelSite(p.name, m, ins, outs, facts, tuple(p.region.cut.kernels)))
     plan_in = list(_sigs(infos, idx.inputs))
     plan_out = list(_sigs(infos, idx.outputs))
-    before, after = added_stages(idx, cuts, plan_in, plan_out)
+    before, after = added_stages(idx, cuts, plan_in, plan_out, spec_dir)
     plan = Plan((*before, *steps, *after), tuple(plan_in), tuple(plan_out))
     log.info("surgery: %d steps (%s) in %.2f s", len(plan.steps),
              ", ".join(f"{s.kind} {s.name}" for s in plan.steps), time.perf_counter() - t0)

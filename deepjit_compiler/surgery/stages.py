@@ -1,6 +1,7 @@
 """Stages a model lacks, added before or after it (letterbox before `images`, NMS after `output0`):
 each is a kernel with a reference graph of standard ONNX ops from references.py, checked against the
-model tensor it attaches to.
+model tensor it attaches to. Which reference a stage gets is its kernel contract's `roles.reference`,
+so a user's copy of a built-in contract is added the same way.
 """
 from __future__ import annotations
 
@@ -8,49 +9,58 @@ from pathlib import Path
 
 import onnx
 
-from ..errors import SurgeryError, closest
+from ..errors import KernelError, SurgeryError, closest
 from ..graph.index import GraphIndex
 from ..graph.tensors import TensorSig, sig_from_value_info
+from ..jit.contracts import load_contract
 from . import references
 from .plan import AddedStage
 
 
-def _contract(cut) -> str:
+def _reference(cut, spec_dir: Path | None) -> str:
+    """The reference its kernel's contract declares (roles.reference): what the stage is checked against."""
     if not cut.kernels:
-        raise SurgeryError(f"added stage '{cut.name}' needs a kernel: 'letterbox' (before) or 'nms' (after)")
-    return Path(str(cut.kernels[0].contract)).name.removesuffix(".yaml")
+        raise SurgeryError(f"added stage '{cut.name}' needs a kernel whose contract declares its reference "
+                           f"(roles.reference: {' or '.join(_STAGES)})")
+    try:
+        contract = load_contract(str(cut.kernels[0].contract), spec_dir=spec_dir)
+    except KernelError as e:
+        raise SurgeryError(f"added stage '{cut.name}': {e}") from None
+    kind = contract.model.roles.reference
+    if kind is None:
+        raise SurgeryError(f"added stage '{cut.name}': kernel contract '{contract.name}' ({contract.path}) declares "
+                           f"no reference for a stage the model lacks; set roles.reference: {' or '.join(_STAGES)}")
+    position = _STAGES[kind][0]
+    if cut.add != position:
+        raise SurgeryError(f"added stage '{cut.name}': kernel '{contract.name}' is a {kind} stage, which goes "
+                           f"{position} the model, not {cut.add}")
+    return kind
 
 
-def added_stages(idx: GraphIndex, cuts, plan_in: list[TensorSig], plan_out: list[TensorSig]):
-    """The stages of `cuts` with `add:` (letterbox before a model input, NMS after an output), as
-    (before, after); plan_in/plan_out, the plan's boundary, are updated to what the stages expose."""
+def added_stages(idx: GraphIndex, cuts, plan_in: list[TensorSig], plan_out: list[TensorSig],
+                 spec_dir: Path | None = None):
+    """The stages of `cuts` with `add:` (a letterbox before a model input, NMS after an output: what their
+    kernel contracts' roles.reference says), as (before, after); plan_in/plan_out, the plan's boundary,
+    are updated to what the stages expose."""
     before, after, used = [], [], {}
     for cut in (c for c in cuts if c.add is not None):
         if cut.at in used:
             raise SurgeryError(f"added stages '{used[cut.at]}' and '{cut.name}' both attach at '{cut.at}'")
         used[cut.at] = cut.name
-        kind = _contract(cut)
+        boundary, where = (idx.inputs, "input") if cut.add == "before" else (idx.outputs, "output")
+        if cut.at not in boundary:
+            raise SurgeryError(f"added stage '{cut.name}': `at: {cut.at}` is not a model {where}"
+                               f"{closest(cut.at, boundary)}; {where}s: {boundary}")
+        _, build = _STAGES[_reference(cut, spec_dir)]
         params = dict(cut.kernels[0].params or {})
         if cut.add == "before":
-            if cut.at not in idx.inputs:
-                raise SurgeryError(f"added stage '{cut.name}': `at: {cut.at}` is not a model input{closest(cut.at, idx.inputs)}; "
-                                   f"inputs: {idx.inputs}")
-            if kind != "letterbox":
-                raise SurgeryError(f"added stage '{cut.name}': no reference for kernel '{kind}' before the model; "
-                                   "supported: 'letterbox'")
-            stage = _letterbox_stage(idx, cut, params, plan_in[idx.inputs.index(cut.at)])
+            stage = build(idx, cut, params, plan_in[idx.inputs.index(cut.at)])
             before.append(stage)
             i = [s.name for s in plan_in].index(cut.at)
             plan_in[i:i + 1] = stage.inputs
             plan_out.extend(s for s in stage.outputs if s.name != cut.at)
         else:
-            if cut.at not in idx.outputs:
-                raise SurgeryError(f"added stage '{cut.name}': `at: {cut.at}` is not a model output{closest(cut.at, idx.outputs)}; "
-                                   f"outputs: {idx.outputs}")
-            if kind != "nms":
-                raise SurgeryError(f"added stage '{cut.name}': no reference for kernel '{kind}' after the model; "
-                                   "supported: 'nms'")
-            stage = _nms_stage(idx, cut, params, plan_out[idx.outputs.index(cut.at)])
+            stage = build(idx, cut, params, plan_out[idx.outputs.index(cut.at)])
             after.append(stage)
             i = [s.name for s in plan_out].index(cut.at)
             plan_out[i:i + 1] = stage.outputs
@@ -100,3 +110,7 @@ def _stage_params(cut, check, params: dict) -> dict:
         return check(params)
     except SurgeryError as e:
         raise SurgeryError(f"added stage '{cut.name}': {e}") from None
+
+
+# roles.reference -> (where the stage goes, what builds it)
+_STAGES = {"letterbox": ("before", _letterbox_stage), "nms": ("after", _nms_stage)}

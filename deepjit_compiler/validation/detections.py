@@ -7,6 +7,8 @@ import numpy as np
 
 from ..surgery.references import box_iou
 
+DETECTION_KEYS = ("num_dets", "boxes", "scores", "classes")  # what match_detections reads
+
 
 @dataclass(frozen=True, slots=True)
 class DetectionMatch:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,9 @@ from polygraphy.comparator.compare import SimpleCompareFunc
 from polygraphy.logger import G_LOGGER
 
 from ..files import atomic_write
+from ..jit.contract_models import Detections
 from ..spec.models import LEVELS
-from ..surgery.references import NMS_OUTPUTS
-from .detections import match_detections
+from .detections import DETECTION_KEYS, match_detections
 
 log = logging.getLogger("deepjit.gate")
 G_LOGGER.module_severity = G_LOGGER.ERROR  # Polygraphy's per-output chatter goes to our summary instead
@@ -140,12 +140,14 @@ def _tolerance_maps(tolerances, names: Iterable[str]):
 
 def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds: list[dict[str, np.ndarray]],
                  tolerances, *, report_dir: Path | None = None, report_name: str | None = None,
-                 detection_params: Mapping[str, float] | None = None) -> LevelResult:
+                 detections: Sequence[Detections] = (), detection_params: Mapping[str, float] | None = None
+                 ) -> LevelResult:
     """Run both runners on `feeds` with Polygraphy's Comparator and judge every output.
 
-    Detection outputs (num_dets, boxes, scores, classes) are matched as sets; the rest go through
-    `SimpleCompareFunc` with the spec's atol/rtol/check_error_stat (default + per output). With
-    `report_dir`, Polygraphy's RunResults are saved there as `<report_name or level>.runresults.json`.
+    The outputs of each `detections` group (as the kernels' contracts declare them: count, boxes,
+    scores, classes) are matched as sets; the rest go through `SimpleCompareFunc` with the spec's
+    atol/rtol/check_error_stat (default + per output). With `report_dir`, Polygraphy's RunResults are
+    saved there as `<report_name or level>.runresults.json`.
     """
     for runner in (reference, candidate):
         if isinstance(runner, FunctionRunner) and runner._meta is None:
@@ -157,11 +159,14 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
     names = [n for n in ref_iters[0].keys() if n in test_iters[0]]
     missing = [n for n in ref_iters[0].keys() if n not in test_iters[0]]
     outputs = [OutputResult(n, False, detail="missing from the candidate's outputs") for n in missing]
-    dense = [n for n in names if n not in NMS_OUTPUTS]
+    groups = [g for g in detections if all(n in names for n in g.names)]
+    as_sets = {n for g in groups for n in g.names}
+    dense = [n for n in names if n not in as_sets]
     if dense:
         outputs += _compare_dense(run_results, reference.name, candidate.name, dense, tolerances)
-    if all(n in names for n in NMS_OUTPUTS):
-        outputs.append(_compare_detections(ref_iters, test_iters, detection_params or {}))
+    for g in groups:
+        label = "detections" if len(groups) == 1 else f"detections ({g.count})"
+        outputs.append(_compare_detections(label, g, ref_iters, test_iters, detection_params or {}))
     return from_outputs(level, outputs)
 
 
@@ -186,10 +191,13 @@ def _compare_dense(run_results: RunResults, ref_name: str, test_name: str, names
     return out
 
 
-def _compare_detections(ref_iters, test_iters, params: Mapping[str, float]) -> OutputResult:
-    matches = [match_detections({k: r[k] for k in NMS_OUTPUTS}, {k: t[k] for k in NMS_OUTPUTS}, **params)
-               for r, t in zip(ref_iters, test_iters)]
+def _compare_detections(label: str, group: Detections, ref_iters, test_iters, params: Mapping[str, float]
+                        ) -> OutputResult:
+    def sets(it):
+        return dict(zip(DETECTION_KEYS, (it[n] for n in group.names)))
+
+    matches = [match_detections(sets(r), sets(t), **params) for r, t in zip(ref_iters, test_iters)]
     passed = all(m.passed for m in matches)
     worst = min(matches, key=lambda m: (m.passed, m.matched - m.ref_count))
-    return OutputResult("detections", passed, max_abs=max(m.max_score_diff for m in matches),
+    return OutputResult(label, passed, max_abs=max(m.max_score_diff for m in matches),
                         detail=f"{'passed' if passed else 'failed'}: {worst.describe()}")

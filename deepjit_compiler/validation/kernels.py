@@ -1,118 +1,127 @@
-"""The kernels level (GPU): each kernel against its reference, on the reference's own inputs
-(computed on the CPU by the bundle's segments and references, so a kernel is judged alone)."""
+"""The kernels level (GPU): the kernels against their references, on the references' own inputs
+(computed on the CPU by the bundle's segments and references, so kernels are judged apart from the
+engine).
+
+Consecutive kernel steps run as one chain, as in the pipeline (a decode that writes candidates for
+the nms after it), from the chain's inputs, against those steps' references run one after the other:
+what is compared is the chain's outputs that are also its steps' outputs. A kernel whose contract
+declares a twin (roles.twin: the params under which it writes its cut's own outputs) and that does not
+write them as configured is also checked alone, as that twin compiled for this GPU. Nothing here knows
+a kernel by name: a user's contract is checked the same way as a built-in one.
+"""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import onnx
 
-from ..bundle.view import BundleView, KernelView
-from ..graph.compose import compose_reference
-from ..jit.contracts import load_contract
+from ..bundle.view import BundleView, KernelView, StepView
+from ..jit.contracts import load_contract, signature
 from ..jit.nvrtc import compile_site_kernel
-from ..runtime.launch import ContractKernel, Letterbox, Postprocess, decode_input_names
-from ..runtime.pipeline import compiled_from_manifest
-from .executor import onnxrt_runner
+from ..runtime.launch import KernelChain
+from ..runtime.layout import site_aliases
+from .executor import StepRunner
 from .gate import FunctionRunner, LevelResult, OutputResult, compare_runs, from_outputs
-
-
-def _compiled(bundle: BundleView, kernel: KernelView):
-    return compiled_from_manifest(bundle, kernel.entry)
 
 
 def kernels_level(gpu, bundle: BundleView, models: Mapping[str, onnx.ModelProto], envs, spec,
                   report_dir: Path | None = None) -> LevelResult:
     """`models`: each step's ONNX (segment or reference); `envs`: every tensor of the pipeline on the
     CPU, per validation feed."""
+    check = _Check(gpu, bundle, models, envs, spec, report_dir)
     outputs: list[OutputResult] = []
-    tol = spec.validation.tolerances
-    det = tol.detections.model_dump()
-    sites = {s.name: s for s in bundle.steps if s.kind == "kernel"}
-    for step in bundle.steps:
-        if step.kind == "segment":
-            continue
-        for kernel in step.kernels:
-            check = _CHECKS.get(kernel.contract, _generic)
-            result = check(gpu, bundle, models, step, kernel, envs, tol, det, sites,
-                           dict(report_dir=report_dir, report_name=f"kernels.{step.name}.{kernel.contract}"))
-            outputs += [OutputResult(f"{step.name}/{o.name}", o.passed, o.max_abs, o.median_abs, o.max_rel,
-                                     o.median_rel, o.detail) for o in result.outputs]
+    for run in _kernel_runs(bundle.steps):
+        for step in run:
+            outputs += [r for k in step.kernels if check.needs_twin(step, k) for r in check.twin(step, k)]
+        outputs += check.chain(run)
     return from_outputs("kernels", outputs, f"each kernel against its reference on sm_{gpu.sm} ({gpu.name})")
 
 
-def _feeds(envs, sigs) -> list[dict]:
-    return [{t.name: env[t.name] for t in sigs} for env in envs]
+def _kernel_runs(steps: Sequence[StepView]) -> list[list[StepView]]:
+    """Maximal runs of consecutive kernel steps (cut sites and added stages) between engine segments."""
+    runs: list[list[StepView]] = []
+    for prev, step in zip((None, *steps), steps):
+        if step.kind == "segment":
+            continue
+        if prev is not None and prev.kind != "segment" and runs:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return runs
 
 
-def output0_twin_params(params: dict, declared) -> dict:
-    """Params of the decode's `output0` twin: the bundle's declared params (its manifest also lists
-    derived values), in mode output0, with the candidates-only lane split off."""
-    twin = {k: v for k, v in params.items() if k in declared}
-    return {**twin, "mode": "output0", **({"lanes_per_anchor": 1} if "lanes_per_anchor" in declared else {})}
+class _Check:
+    def __init__(self, gpu, bundle: BundleView, models, envs, spec, report_dir):
+        self.gpu, self.bundle, self.models, self.envs, self.report_dir = gpu, bundle, models, envs, report_dir
+        self.tol = spec.validation.tolerances
 
+    def _aliases(self, step: StepView, kernel: KernelView, params=None) -> dict[str, str]:
+        return site_aliases(self.bundle.contract(kernel), params or kernel.params, step.inputs, f"kernel {kernel.name}")
 
-def _decode_output0(gpu, bundle, models, step, kernel, envs, tol, det, sites, report) -> LevelResult:
-    """The decode compiled in `output0` mode for this GPU, against the cut subgraph."""
-    contract = str(bundle.file(kernel.files["contract"]))  # the bundle's copy of the contract
-    params = output0_twin_params(kernel.params, load_contract(contract).model.params)
-    compiled = compile_site_kernel(contract, params, None, sm=gpu.sm)
-    twin = ContractKernel(gpu, compiled)
-    names = decode_input_names(step.facts)
+    def needs_twin(self, step: StepView, kernel: KernelView) -> bool:
+        """The contract declares a twin and the kernel, as configured, does not write its step's outputs."""
+        contract = self.bundle.contract(kernel)
+        written = {t.name for t in signature(contract, kernel.params) if t.role == "output"}
+        return bool(contract.model.roles.twin) and not {t.name for t in step.outputs} <= written
 
-    def run(feed):
-        inputs = {k: gpu.upload(feed[v]) for k, v in names.items()}
-        dims = twin.bind(inputs)
-        outs = twin.allocate_outputs(dims)
-        twin.launch({**inputs, **outs}, dims)
-        return {"output0": gpu.download(outs["output0"])}
+    def twin(self, step: StepView, kernel: KernelView) -> list[OutputResult]:
+        """The kernel in its twin's params, compiled for this GPU, alone against its step's reference."""
+        contract = self.bundle.contract(kernel)
+        declared = {k: v for k, v in kernel.params.items() if k in contract.model.params}  # not the derived ones
+        compiled = compile_site_kernel(str(contract.path), {**declared, **contract.model.roles.twin}, None,
+                                       sm=self.gpu.sm)
+        aliases = self._aliases(step, kernel, compiled.params)
+        return self._compare(step.name, [(compiled, aliases)], [step], (), f"twin of {kernel.contract}")
 
-    return compare_runs("kernels", onnxrt_runner(models[step.name], "reference"), FunctionRunner(run, "decode"),
-                        _feeds(envs, step.inputs), tol, **report)
+    def chain(self, run: list[StepView]) -> list[OutputResult]:
+        """The run's kernels one after the other, against its steps' references one after the other."""
+        kernels = [(self.bundle.compiled(k), self._aliases(s, k)) for s in run for k in s.kernels]
+        detections = tuple(d for s in run for k in s.kernels if (d := self.bundle.contract(k).model.roles.detections))
+        return self._compare("+".join(s.name for s in run), kernels, run, detections,
+                             "+".join(k.contract for s in run for k in s.kernels))
 
+    def _compare(self, label: str, kernels, steps: list[StepView], detections, name: str) -> list[OutputResult]:
+        made, reads = set(), []
+        for compiled, aliases in kernels:
+            sigs = signature(load_contract(compiled.contract_path), compiled.params)
+            reads += [n for n in (aliases.get(t.name, t.name) for t in sigs if t.role == "input")
+                      if n not in made and n not in reads]
+            made.update(t.name for t in sigs if t.role == "output")
+        compared = [t.name for s in steps for t in s.outputs if t.name in made]
+        if not compared:
+            return [OutputResult(f"{label}/outputs", False, detail=f"{name} writes none of its steps' outputs "
+                                 f"({', '.join(t.name for s in steps for t in s.outputs)})")]
+        ref_inputs = self._external_inputs(steps)
+        absent = [n for n in dict.fromkeys([*reads, *ref_inputs]) if n not in self.envs[0]]
+        if absent:
+            return [OutputResult(f"{label}/inputs", False, detail=f"{name} reads '{absent[0]}', which no step of "
+                                 "the bundle makes on the CPU")]
+        reference = StepRunner((s.name, self.models[s.name]) for s in steps)
+        feeds = [{n: env[n] for n in dict.fromkeys([*reads, *ref_inputs])} for env in self.envs]
 
-def _nms_chain(gpu, bundle, models, step, kernel, envs, tol, det, sites, report) -> LevelResult:
-    """nms reads the decode's candidates: the bundle's decode + nms binaries, against both references."""
-    site = next(iter(sites.values()))
-    decode = _compiled(bundle, site.kernels[0])
-    nms = _compiled(bundle, kernel)
-    names = decode_input_names(site.facts)
+        def expected(feed):
+            env = reference.tensors(feed)
+            return {n: env[n] for n in compared}
 
-    def run(feed):
-        chain = Postprocess(gpu, decode, nms, {k: gpu.upload(feed[v]) for k, v in names.items()})
-        chain.launch()
-        return chain.results()
+        def run(feed):
+            inputs = {n: self.gpu.upload(np.ascontiguousarray(feed[n])) for n in reads}
+            chain = KernelChain(self.gpu, kernels, inputs)
+            chain.launch()
+            return chain.results(compared)
 
-    reference = compose_reference(models[site.name], [(step.name, "after", models[step.name])])
-    return compare_runs("kernels", onnxrt_runner(reference, "reference"), FunctionRunner(run, "decode+nms"),
-                        _feeds(envs, site.inputs), tol, detection_params=det, **report)
+        result = compare_runs("kernels", FunctionRunner(expected, "reference"), FunctionRunner(run, name), feeds,
+                              self.tol, detections=detections, detection_params=self.tol.detections.model_dump(),
+                              report_dir=self.report_dir, report_name=f"kernels.{label}")
+        return [OutputResult(f"{label}/{o.name}", o.passed, o.max_abs, o.median_abs, o.max_rel, o.median_rel,
+                             o.detail) for o in result.outputs]
 
-
-def _letterbox(gpu, bundle, models, step, kernel, envs, tol, det, sites, report) -> LevelResult:
-    compiled = _compiled(bundle, kernel)
-
-    def run(feed):
-        lb = Letterbox(gpu, compiled, gpu.upload(feed["raw_images"]))
-        lb.launch()
-        return lb.results()
-
-    return compare_runs("kernels", onnxrt_runner(models[step.name], "reference"), FunctionRunner(run, "letterbox"),
-                        _feeds(envs, step.inputs), tol, **report)
-
-
-def _generic(gpu, bundle, models, step, kernel, envs, tol, det, sites, report) -> LevelResult:
-    """A user's contract: its inputs and outputs carry the reference's tensor names."""
-    loaded = ContractKernel(gpu, _compiled(bundle, kernel))
-
-    def run(feed):
-        inputs = {s.name: gpu.upload(feed[s.name]) for s in loaded.inputs}
-        dims = loaded.bind(inputs)
-        outs = loaded.allocate_outputs(dims)
-        loaded.launch({**inputs, **outs}, dims)
-        return {k: gpu.download(v) for k, v in outs.items()}
-
-    return compare_runs("kernels", onnxrt_runner(models[step.name], "reference"), FunctionRunner(run, kernel.contract),
-                        _feeds(envs, step.inputs), tol, **report)
-
-
-_CHECKS = {"yolov8_decode": _decode_output0, "nms": _nms_chain, "letterbox": _letterbox}
+    @staticmethod
+    def _external_inputs(steps: list[StepView]) -> list[str]:
+        """What the steps' references read that none of them makes."""
+        made, out = set(), []
+        for s in steps:
+            out += [t.name for t in s.inputs if t.name not in made and t.name not in out]
+            made.update(t.name for t in s.outputs)
+        return out

@@ -2,10 +2,12 @@
 fp32 model on the CPU (precision_tolerances)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
 
+from ..jit.contract_models import Detections
 from ..precision.calibration import CalibrationSettings
 from ..precision.emulate import emulate_in_fp32
 from ..precision.rewrite import DEFAULT_KEEP_FP32, apply_precision, check_keep_fp32
@@ -13,9 +15,10 @@ from .executor import pipeline_runner, reference_runner
 from .gate import LevelResult, compare_runs
 
 
-def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path | None = None
-                    ) -> tuple[dict[str, onnx.ModelProto], LevelResult]:
-    """Rewrite the engine segments to the spec's precision and measure the cost against fp32."""
+def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path | None = None,
+                    detections: Sequence[Detections] = ()) -> tuple[dict[str, onnx.ModelProto], LevelResult]:
+    """Rewrite the engine segments to the spec's precision and measure the cost against fp32;
+    `detections`: the outputs the plan's kernels declare as detections, compared as sets."""
     e = spec.engine
     keep = tuple(e.keep_fp32) if e.keep_fp32 is not None else DEFAULT_KEEP_FP32
     if e.keep_fp32 is not None:
@@ -30,5 +33,6 @@ def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path 
     twins = {name: emulate_in_fp32(m) for name, m in segments.items()}
     level = compare_runs("precision", reference_runner(plan, model, "fp32"),
                          pipeline_runner(plan, twins, e.precision), feeds, spec.validation.precision_tolerances,
-                         report_dir=report_dir, detection_params=spec.validation.precision_tolerances.detections.model_dump())
+                         report_dir=report_dir, detections=detections,
+                         detection_params=spec.validation.precision_tolerances.detections.model_dump())
     return segments, LevelResult(level.level, level.status, f"{e.precision} segments vs the fp32 model", level.outputs)

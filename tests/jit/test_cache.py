@@ -128,7 +128,7 @@ def test_entries_are_committed_by_meta_written_last(tiny, tmp_path):
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["key"] == k.key and set(meta["blobs"]) == {"cubin", "ptx"}
     assert meta["nvrtc_version"] == k.nvrtc_version and meta["arch"] == "sm_75"
-    assert meta["lowered"] == [list(x) for x in k.lowered]
+    assert meta["lowered"] == dict(k.lowered) and meta["format"] == 1  # CompiledKernel.to_dict()
     (folder / "meta.json").unlink()  # an entry without its commit marker does not exist
     assert KernelCache(tmp_path).get(k.key) is None
 

@@ -7,7 +7,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from deepjit_compiler.errors import KernelError, RuntimeInputError
+from deepjit_compiler.errors import BundleError, KernelError, RuntimeInputError
+from deepjit_compiler.graph.tensors import TensorSig
+from deepjit_compiler.jit import contract_models
 from deepjit_compiler.jit.contracts import (
     bind_dims,
     concrete_shape,
@@ -17,9 +19,12 @@ from deepjit_compiler.jit.contracts import (
     normalize_facts,
     resolve_params,
     signature,
+    site_inputs,
     workspace_bytes,
 )
-from deepjit_compiler.runtime.launch import decode_input_names, letterbox_geometry, pack_arg
+from deepjit_compiler.runtime import launch
+from deepjit_compiler.runtime.launch import letterbox_geometry, pack_arg
+from deepjit_compiler.runtime.layout import site_aliases
 
 # Facts as surgery's yolov8_decode preset writes them (presets.py), static 640x640.
 FACTS = {"reg_max": 16, "num_classes": 80, "strides": [8, 16, 32], "anchors": 8400,
@@ -222,6 +227,23 @@ def test_kernel_args_get_explicit_c_types():
         pack_arg("p", "ptr", 1.5)
 
 
-def test_decode_input_names_map_contract_inputs_to_site_tensors():
-    names = decode_input_names(FACTS)
-    assert names["box_0"] == "/m/box0" and names["cls_2"] == "/m/cls2" and len(names) == 6
+def test_decode_inputs_bind_to_the_cut_inputs_by_position():
+    """The preset orders the cut's inputs box_0, cls_0, box_1, ...; the contract's site_input says which
+    of them each of its inputs is, so its box_i/cls_i need not be the model's tensor names."""
+    contract = load_contract("yolov8_decode")
+    params = resolve_params(contract, {}, FACTS)
+    assert site_inputs(contract, params) == {"box_0": 0, "box_1": 2, "box_2": 4, "cls_0": 1, "cls_1": 3, "cls_2": 5}
+    site = [TensorSig(h["name"], "float32", ()) for h in FACTS["head_inputs"]]   # level by level, box first
+    names = site_aliases(contract, params, site, "decode")
+    assert names == {f"{r}_{i}": f"/m/{r}{i}" for i in range(3) for r in ("box", "cls")}
+    concatenated = resolve_params(contract, {"input_form": "concatenated"}, FACTS)
+    assert site_inputs(contract, concatenated) == {"x": 0}
+    with pytest.raises(BundleError, match=r"decode: input 'box_2' reads site input 4, but the step has 3 inputs"):
+        site_aliases(contract, params, site[:3], "decode")
+
+
+def test_every_declared_host_arg_has_its_host_function():
+    assert set(launch.HOST_ARGS) == set(contract_models.HOST_ARGS)
+    values = launch.host_values(load_contract("letterbox"), {"size": 640}, {"H": 48, "W": 64})
+    assert (values["new_w"], values["new_h"], values["left"], values["top"]) == (640, 480, 0, 80)
+    assert launch.host_values(load_contract("nms"), {}, {}) == {}

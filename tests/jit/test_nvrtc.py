@@ -35,7 +35,7 @@ def test_cubin_and_ptx_for_sm75_without_a_gpu(t4_kernels):
         assert k.min_driver == major * 1000 and k.ptx_min_driver == major * 1000 + minor * 10
         assert k.ptx_isa and f".version {k.ptx_isa}" in k.ptx
         assert "-use_fast_math" not in k.options and "--std=c++17" in k.options
-        assert len(k.key) == 64 and k.manifest()["cubin_sha256"]
+        assert len(k.key) == 64 and k.to_dict()["cubin_sha256"]
     mangled = decode.symbol("decode")
     assert mangled.startswith("_Z") and "deepjit_yolov8_decode_candidates" in mangled
     assert f".entry {mangled}(" in decode.ptx
@@ -72,19 +72,32 @@ def test_nms_chunk_must_fit_the_target_sms_shared_memory(tmp_path):
 
 @pytest.mark.parametrize("pipeline", ["yolov8_t4", "yolov8_h200"])
 def test_decode_output0_twin_of_each_example_pipeline_compiles(pipeline, tmp_path):
-    """The kernels level recompiles the pipeline's decode in mode output0 (validate.py): whatever the
-    spec sets for the candidates kernel must leave a compilable twin."""
+    """The kernels level recompiles the pipeline's decode as the twin its contract declares
+    (roles.twin: mode output0): whatever the spec sets for the candidates kernel must leave a
+    compilable twin."""
     from deepjit_compiler.jit.contracts import load_contract
     from deepjit_compiler.spec.load import load_spec
-    from deepjit_compiler.validation.kernels import output0_twin_params
 
     (ref,) = [k for cut in load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts for k in cut.kernels
               if k.contract == "yolov8_decode"]
-    declared = load_contract("yolov8_decode").model.params
-    twin = output0_twin_params({**ref.params, "num_levels": 3}, declared)  # manifests also list derived values
-    assert twin["mode"] == "output0" and "num_levels" not in twin
-    k = compile_site_kernel("yolov8_decode", twin, FACTS, sm=90, cache_dir=tmp_path)
+    twin = load_contract("yolov8_decode").model.roles.twin
+    assert twin == {"mode": "output0", "lanes_per_anchor": 1}
+    k = compile_site_kernel("yolov8_decode", {**ref.params, **twin}, FACTS, sm=90, cache_dir=tmp_path)
     assert k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<float>"),)
+
+
+def test_compiled_kernel_record_round_trips(t4_kernels):
+    from deepjit_compiler.jit.nvrtc import CompiledKernel
+
+    for k in t4_kernels:
+        record = k.to_dict()
+        back = CompiledKernel.from_dict(record, cubin=k.cubin, ptx=k.ptx, source=k.source, contract_path=k.contract_path,
+                                        log=k.log, from_cache=k.from_cache)
+        assert back == k and back.to_dict() == record
+    with pytest.raises(KernelError, match="kernel record of format 0; this DeepJIT reads 1"):
+        CompiledKernel.from_dict({**record, "format": 0}, cubin=b"", ptx="")
+    with pytest.raises(KernelError, match="'nms': its record is malformed.*arch"):
+        CompiledKernel.from_dict({k_: v for k_, v in record.items() if k_ != "arch"}, cubin=b"", ptx="")
 
 
 def test_options_from_the_spec(tmp_path):

@@ -21,7 +21,9 @@ import pytest
 from deepjit_compiler.errors import KernelError
 from deepjit_compiler.jit.nvrtc import compile_site_kernel
 from deepjit_compiler.runtime import gpu as gpu_mod
-from deepjit_compiler.runtime.launch import ContractKernel, Letterbox, Postprocess, decode_input_names
+from deepjit_compiler.jit.contracts import load_contract
+from deepjit_compiler.runtime.launch import ContractKernel, KernelChain
+from deepjit_compiler.runtime.layout import site_aliases
 from deepjit_compiler.surgery.references import letterbox_reference, nms_reference
 
 pytestmark = pytest.mark.gpu
@@ -59,7 +61,7 @@ def target(request, gpu):
 
 @lru_cache(maxsize=None)
 def decode_site(head_layout: str = "separate", dynamic: bool = False):
-    """(reference subgraph, facts) of the decode cut from a synthetic YOLOv8n."""
+    """(reference subgraph, facts, input signatures) of the decode cut from a synthetic YOLOv8n."""
     from deepjit_compiler.model.synth import synthesize_yolov8
     from deepjit_compiler.surgery.cut import plan_from_model
     from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
@@ -67,7 +69,7 @@ def decode_site(head_layout: str = "separate", dynamic: bool = False):
     model = synthesize_yolov8("yolov8n", seed=0, dynamic=dynamic, head_layout=head_layout)
     plan = plan_from_model(model, [CutRequest("decode", preset="yolov8_decode", kernels=[KernelRequest("yolov8_decode")])])
     site = plan.sites[0]
-    return site.reference, dict(site.facts)
+    return site.reference, dict(site.facts), site.inputs
 
 
 def build(contract: str, params: dict, facts: dict, target, cache):
@@ -101,9 +103,19 @@ def head_maps(rng: np.random.Generator, batch: int, size=(640, 640), dtype=np.fl
 
 
 def site_feed(maps, facts) -> dict[str, np.ndarray]:
-    """Reference feed: site tensor names -> maps (the reference graph is fp32)."""
-    names = decode_input_names(facts)
-    return {names[f"{role}_{i}"]: lv[role].astype(np.float32) for i, lv in enumerate(maps) for role in ("box", "cls")}
+    """Reference feed: site tensor names -> maps (the reference graph is fp32), by the preset's own
+    record of which head map is which (facts["head_inputs"])."""
+    return {h["name"]: maps[h["level"]][h["role"]].astype(np.float32) for h in facts["head_inputs"]}
+
+
+def per_level_names(facts) -> dict[str, str]:
+    """box_i / cls_i -> the site tensor of that level and role (facts["head_inputs"])."""
+    return {f"{h['role']}_{h['level']}": h["name"] for h in facts["head_inputs"]}
+
+
+def decode_names(compiled, inputs) -> dict[str, str]:
+    """The decode's own inputs -> the cut's tensors, as its contract binds them (site_input)."""
+    return site_aliases(load_contract(compiled.contract_path), compiled.params, inputs, "decode")
 
 
 def score_fraction(maps) -> float:
@@ -144,9 +156,9 @@ def run_both(reference, candidate, feeds):
     return results, ref_iters, test_iters
 
 
-def decode_runner(gpu, compiled, facts, load, *, form="per_level", dtype=np.float32, extra_dims=None):
+def decode_runner(gpu, compiled, facts, inputs, load, *, form="per_level", dtype=np.float32, extra_dims=None):
     kernel = ContractKernel(gpu, compiled, load)
-    names = decode_input_names(facts)
+    names = decode_names(compiled, inputs) if form == "per_level" else per_level_names(facts)
 
     def run(feed):
         host = {k: feed[v].astype(dtype) for k, v in names.items()}
@@ -175,44 +187,45 @@ def assert_close(results, atol, rtol):
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("head_layout", ["separate", "split"])
 def test_decode_output0_matches_cut_subgraph(gpu, target, cache, batch, head_layout):
-    ref, facts = decode_site(head_layout)
+    ref, facts, inputs = decode_site(head_layout)
     rng = np.random.default_rng([batch, len(head_layout)])
     feeds = [site_feed(head_maps(rng, batch), facts) for _ in range(2)]
     compiled = build("yolov8_decode", {"mode": "output0"}, facts, target, cache)
     results, ref_out, test_out = run_both(ort_runner(ref, "onnxrt-cut-subgraph"),
-                                          decode_runner(gpu, compiled, facts, target[1]), feeds)
+                                          decode_runner(gpu, compiled, facts, inputs, target[1]), feeds)
     assert not np.isnan(test_out[0]["output0"]).any()
     assert_close(results, atol=2e-3, rtol=1e-5)
 
 
 def test_decode_concatenated_form(gpu, target, cache):
-    ref, facts = decode_site()
+    ref, facts, inputs = decode_site()
     rng = np.random.default_rng(7)
     feeds = [site_feed(head_maps(rng, 3), facts)]
     compiled = build("yolov8_decode", {"mode": "output0", "input_form": "concatenated", "anchors_per_thread": 2},
                      facts, target, cache)
     results, _, _ = run_both(ort_runner(ref, "onnxrt-cut-subgraph"),
-                             decode_runner(gpu, compiled, facts, target[1], form="concatenated"), feeds)
+                             decode_runner(gpu, compiled, facts, inputs, target[1], form="concatenated"), feeds)
     assert_close(results, atol=2e-3, rtol=1e-5)
 
 
 def test_decode_fp16_inputs(gpu, target, cache):
-    ref, facts = decode_site()
+    ref, facts, inputs = decode_site()
     rng = np.random.default_rng(16)
     maps = head_maps(rng, 2, dtype=np.float16)  # fp16 values, fed to the fp32 reference exactly
     compiled = build("yolov8_decode", {"mode": "output0", "dtype": "float16", "anchors_per_thread": 8}, facts, target, cache)
     results, _, _ = run_both(ort_runner(ref, "onnxrt-cut-subgraph"),
-                             decode_runner(gpu, compiled, facts, target[1], dtype=np.float16), [site_feed(maps, facts)])
+                             decode_runner(gpu, compiled, facts, inputs, target[1], dtype=np.float16),
+                             [site_feed(maps, facts)])
     assert_close(results, atol=2e-3, rtol=1e-5)
 
 
 def test_decode_dynamic_sizes_compute_anchors_in_kernel(gpu, cache):
-    ref, facts = decode_site(dynamic=True)
+    ref, facts, inputs = decode_site(dynamic=True)
     assert facts["anchors_source"] == "computed"
     compiled = build("yolov8_decode", {"mode": "output0"}, facts, (gpu.sm, "cubin"), cache)
     rng = np.random.default_rng(384)
     feeds = [site_feed(head_maps(rng, 2, size=(384, 640)), facts), site_feed(head_maps(rng, 1, size=(224, 96)), facts)]
-    results, _, test_out = run_both(ort_runner(ref, "onnxrt-cut-subgraph"), decode_runner(gpu, compiled, facts, "cubin"),
+    results, _, test_out = run_both(ort_runner(ref, "onnxrt-cut-subgraph"), decode_runner(gpu, compiled, facts, inputs, "cubin"),
                                     feeds)
     assert test_out[0]["output0"].shape == (2, 84, 48 * 80 + 24 * 40 + 12 * 20)
     assert test_out[1]["output0"].shape == (1, 84, 28 * 12 + 14 * 6 + 7 * 3)  # groups straddle levels here
@@ -257,18 +270,19 @@ def merged_reference(decode_ref: onnx.ModelProto, nms_ref: onnx.ModelProto) -> o
     return onnx.compose.merge_models(a, b, io_map=[("output0", "output0")])
 
 
-def postprocess_runner(gpu, decode, nms, facts, load):
-    names = decode_input_names(facts)
+def postprocess_runner(gpu, decode, nms, inputs, load):
+    """decode (candidates) -> nms as one KernelChain on the cut's tensors, rebuilt when shapes change."""
+    names = decode_names(decode, inputs)
     state = {}
 
     def run(feed):
-        inputs = {k: gpu.upload(np.ascontiguousarray(feed[v])) for k, v in names.items()}
-        key = tuple(a.shape for a in inputs.values())
+        key = tuple(feed[v].shape for v in names.values())
         if state.get("key") != key:
-            state["post"], state["key"] = Postprocess(gpu, decode, nms, inputs, load), key
+            given = {v: gpu.upload(np.ascontiguousarray(feed[v])) for v in names.values()}
+            state["post"], state["key"] = KernelChain(gpu, [(decode, names), nms], given, load), key
         post = state["post"]
-        for name, arr in inputs.items():
-            gpu.upload(np.ascontiguousarray(feed[names[name]]), out=post.inputs[name])
+        for name, arr in post.inputs.items():
+            gpu.upload(np.ascontiguousarray(feed[name]), out=arr)
         for arr in post.outputs.values():
             gpu.fill(arr, 0xFF)
         assert post.launch() == 2  # decode + nms, no memset launch
@@ -293,7 +307,7 @@ def skip_if_chunk_too_big(params, target):
 @pytest.mark.parametrize("case", list(NMS_CASES))
 @pytest.mark.parametrize("batch", [1, 8])
 def test_decode_then_nms_match_reference_detections(gpu, target, cache, batch, case, decode_way):
-    ref, facts = decode_site()
+    ref, facts, inputs = decode_site()
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False, **NMS_CASES[case]}
     skip_if_chunk_too_big(params, target)
     decode = build("yolov8_decode", {"mode": "candidates", "conf_threshold": params["conf_threshold"],
@@ -304,7 +318,7 @@ def test_decode_then_nms_match_reference_detections(gpu, target, cache, batch, c
     assert all(0.01 < score_fraction(m) < 0.08 for m in maps), [score_fraction(m) for m in maps]
     semantics = {k: v for k, v in params.items() if k not in ("block", "chunk")}  # how the kernel runs, not what it computes
     reference = ort_runner(merged_reference(ref, nms_reference(NC, **semantics)), "onnxrt-cut-subgraph+nms-reference")
-    _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, decode, nms, facts, target[1]),
+    _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, decode, nms, inputs, target[1]),
                                         [site_feed(m, facts) for m in maps])
     for r, t in zip(ref_iters, test_iters):
         total, images = match_detections(r, t)
@@ -405,14 +419,15 @@ def test_nms_alone_on_reference_output0(gpu, target, cache, logit_mean, what, bl
 
 
 def test_graph_replay_matches_plain_launches(gpu, cache):
-    _, facts = decode_site()
+    _, facts, inputs = decode_site()
     target = (gpu.sm, "cubin")
     decode = build("yolov8_decode", {"mode": "candidates"}, facts, target, cache)
     nms = build("nms", {}, facts, target, cache)
     rng = np.random.default_rng(99)
     batches = [head_maps(rng, 4) for _ in range(3)]
-    host = lambda maps: {f"{r}_{i}": lv[r] for i, lv in enumerate(maps) for r in ("box", "cls")}  # noqa: E731
-    post = Postprocess(gpu, decode, nms, {k: gpu.upload(v) for k, v in host(batches[0]).items()})
+    host = lambda maps: site_feed(maps, facts)  # noqa: E731
+    post = KernelChain(gpu, [(decode, decode_names(decode, inputs)), nms],
+                       {k: gpu.upload(v) for k, v in host(batches[0]).items()})
     plain = []
     for maps in batches:
         for k, v in host(maps).items():
@@ -446,11 +461,10 @@ def test_sm75_cubin_does_not_load_on_a_newer_gpu(gpu, cache):
 
 def letterbox_runner(gpu, compiled, load):
     def run(feed):
-        raw = gpu.upload(feed["raw_images"])
-        lb = Letterbox(gpu, compiled, raw, load)
+        lb = KernelChain(gpu, [compiled], {"raw_images": gpu.upload(feed["raw_images"])}, load)
         for arr in lb.outputs.values():
             gpu.fill(arr, 0xFF)
-        lb.launch()
+        lb.launch()  # its geometry comes from the contract's roles.host_args
         return lb.results()
 
     return Runner(run, f"deepjit-letterbox-{compiled.arch}-{load}")

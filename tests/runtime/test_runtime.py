@@ -28,7 +28,7 @@ from deepjit_compiler.runtime import run as runbundle
 from deepjit_compiler.runtime.code import choose_code
 from deepjit_compiler.runtime.inputs import bucket_for
 from deepjit_compiler.runtime.layout import Layout
-from deepjit_compiler.runtime.pipeline import CountingGpu, Pipeline, compiled_from_manifest
+from deepjit_compiler.runtime.pipeline import CountingGpu, Pipeline
 
 YOLOV8N = {old: new for old, new in YOLOV8N_T4.items() if not new.startswith("path: out/")}  # out/<name> here
 LETTERBOX = {
@@ -378,12 +378,10 @@ def test_compiled_kernel_from_the_manifest_is_the_built_one(t4_bundle):
     from deepjit_compiler.jit.nvrtc import compile_site_kernel
 
     bundle = read_bundle(t4_bundle)
-    nms = next(s for s in bundle.manifest["plan"]["steps"] if s["name"] == "nms")
-    entry = nms["kernels"][0]
-    got = compiled_from_manifest(bundle, entry)
+    got = bundle.compiled(bundle.step("nms").kernels[0])
     spec_params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
-    site = next(s for s in bundle.manifest["plan"]["steps"] if s["kind"] == "kernel")
-    facts = {**site["facts"], **nms["params"]}           # as the build compiles an added stage
+    manifest_steps = {s["name"]: s for s in bundle.manifest["plan"]["steps"]}
+    facts = {**manifest_steps["decode"]["facts"], **manifest_steps["nms"]["params"]}  # as the build compiles an added stage
     want = compile_site_kernel("nms", spec_params, facts, sm=75)  # the kernel cache answers
     assert (got.cubin, got.ptx, got.sm, got.min_driver, got.ptx_min_driver) == \
         (want.cubin, want.ptx, want.sm, want.min_driver, want.ptx_min_driver)
@@ -536,6 +534,23 @@ def test_letterbox_on_the_gpu_then_the_cpu_engine(lb_bundle, fake):
         for name, want in heads.items():
             np.testing.assert_allclose(device_array(pipe._buffers[name], want.shape), want, rtol=1e-6, atol=1e-6)
         assert pipe.allocations == after_load   # a new image size captures a graph, allocates nothing
+
+
+def test_a_users_copy_of_letterbox_gets_its_host_args_and_image_input(tmp_path, fake):
+    """The letterbox's host-computed geometry and its taking raw images come from its contract's roles
+    (host_args, image_input), so a copy under another name runs exactly as the built-in one."""
+    text = (REPO / "kernels" / "letterbox.yaml").read_text().replace("\nname: letterbox\n", "\nname: my_letterbox\n")
+    (tmp_path / "my_kernels").mkdir()
+    (tmp_path / "my_kernels" / "my_letterbox.yaml").write_text(text)
+    extra = {**LETTERBOX, "cuts:\n": LETTERBOX["cuts:\n"].replace("contract: letterbox", "contract: my_kernels/my_letterbox.yaml")}
+    layout = Layout.from_bundle(read_bundle(bundle := build_variant(tmp_path, "yolov8n_my_lb", extra)))
+    assert layout.steps[0].kernels[0].contract.name == "my_letterbox"
+    assert runbundle.image_stage(layout) == runbundle.ImageStage("raw_images", "bgr", "ratio_pad")
+    with Pipeline.load(bundle) as pipe:
+        geometry = []
+        pipe.gpu.hooks["letterbox"] = lambda grid, args: geometry.append(tuple(float(a) for a in (*args[5:9], args[11])))
+        pipe({"raw_images": np.random.default_rng(6).integers(0, 256, (1, 48, 64, 3), dtype=np.uint8)})
+        assert geometry[-1] == (640, 480, 0, 80, 10.0)   # new_w, new_h, left, top, r: computed on the host
 
 
 # ----------------------------------------------------------------------------- deepjit run

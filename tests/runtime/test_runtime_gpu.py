@@ -8,7 +8,7 @@
 - `deepjit run` / `bench`'s implementations work on the GPU.
 
 Bundles come from $DEEPJIT_RUNTIME_BUNDLES (bench/pipeline.py builds them with `deepjit build`, GPU
-levels included) or are built here (GPU levels left to validate.py's own tests).
+levels included) or are built here (GPU levels left to the validation tests).
 """
 from __future__ import annotations
 

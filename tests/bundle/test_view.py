@@ -1,0 +1,55 @@
+"""BundleView: a bundle's manifest parsed once into typed steps, kernels and engine record; malformed
+manifests are BundleErrors naming the field; a staged bundle is readable before it is committed."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from deepjit_compiler.bundle.folder import StagedBundle, read_bundle
+from deepjit_compiler.bundle.view import BundleView
+from deepjit_compiler.errors import BundleError
+
+
+def test_the_t4_bundle_typed(t4_build):
+    view = read_bundle(t4_build.bundle.path)
+    assert read_bundle(view) is view                      # a view is read once
+    assert [s.kind for s in view.steps] == ["segment", "kernel", "added"]
+    (images,) = view.inputs
+    assert (images.name, images.min, images.max, images.buckets) == ("images", (1, 3, 640, 640), (8, 3, 640, 640),
+                                                                     (1, 2, 4, 8))
+    decode = view.step("decode").kernels[0]
+    assert (decode.contract, decode.sm, decode.params["mode"]) == ("yolov8_decode", 75, "candidates")
+    assert view.engine.deferred and view.engine.segments == {"segment": ("engines/segment.onnx",)}
+    assert view.levels["graph"]["status"] == "passed" and view.precision == "fp16"
+    compiled = view.compiled(decode)
+    assert compiled.cubin[:4] == b"\x7fELF" and compiled.symbol("decode").startswith("_Z")
+    assert view.contract(decode).model.roles.twin == {"mode": "output0", "lanes_per_anchor": 1}
+    assert [d.count for d in view.detections] == ["num_dets"]
+    assert view.spec().name == t4_build.spec.spec.name == view.name
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.pop("plan"), "'.plan' is missing"),
+    (lambda m: m["plan"]["steps"][1].update(kind="gadget"), "step 'decode' has kind 'gadget'"),
+    (lambda m: m["plan"]["steps"][2].pop("reference"), r"'plan.steps\[nms\].reference' is missing"),
+    (lambda m: m["plan"]["steps"][1]["kernels"][0].update(arch="75"), "manifest arch '75' is not sm_XX"),
+    (lambda m: m["plan"]["steps"][1].update(kernels=[]), r"step 'decode' \(kernel\) has no compiled kernels"),
+    (lambda m: m["plan"].update(inputs=[{"name": "images"}]), "plan.inputs: malformed tensor list"),
+])
+def test_malformed_manifests_name_the_field(t4_build, edit, message):
+    manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
+    edit(manifest)
+    view = BundleView(t4_build.bundle.path, manifest)
+    with pytest.raises(BundleError, match=message):
+        view.inputs, view.steps  # noqa: B018 (parsed on first use)
+
+
+def test_a_staged_bundle_reads_before_its_manifest_is_written(tmp_path):
+    with StagedBundle(tmp_path / "b", {"a.txt": b"hello"}) as staged:
+        view = staged.view({"name": "b"})
+        assert view.file("a.txt").read_bytes() == b"hello" and view.digest == ""
+        assert not (tmp_path / "b").exists() and not (view.root / "manifest.json").exists()
+        info = staged.commit(tmp_path / "b", {"name": "b"})
+    assert read_bundle(tmp_path / "b").digest == info.digest and (tmp_path / "b.tar.gz").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.tar.gz"]   # the staging folder is gone
