@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 from conftest import REPO, run_cli
-from test_build import N
+from test_build import N, copy_contract
 
 from deepjit_compiler.bundle.folder import read_bundle
 
@@ -22,10 +22,48 @@ def test_correct_kernels_pass_every_gpu_level(write_spec, tmp_path):
     levels = _levels(tmp_path / "out/yolov8n_t4")
     assert {k: v["status"] for k, v in levels.items()} == {
         "graph": "passed", "precision": "passed", "kernels": "passed", "end_to_end": "passed", "engine": "not_run"}
-    assert set(levels["kernels"]["outputs"]) == {"decode/output0", "nms/detections"}
+    # the decode's twin alone (its contract's roles.twin), then decode + nms as the chain they run in
+    assert set(levels["kernels"]["outputs"]) == {"decode/output0", "decode+nms/detections"}
     report = tmp_path / "out/yolov8n_t4.report"
-    assert (report / "kernels.decode.yolov8_decode.runresults.json").exists()
+    assert (report / "kernels.decode.runresults.json").exists()
+    assert (report / "kernels.decode+nms.runresults.json").exists()
     assert (report / "end_to_end.runresults.json").exists()
+
+
+def test_users_copies_of_the_kernels_get_the_same_gpu_levels(write_spec, tmp_path):
+    """Copies of the built-in contracts under other names: the same checks on the GPU, by their roles."""
+    nms = copy_contract(tmp_path / "my_kernels", "nms", "my_nms")
+    decode = copy_contract(tmp_path / "my_kernels", "yolov8_decode", "my_decode")
+    spec = write_spec({**N, "      - contract: yolov8_decode ": f"      - contract: {decode} ",
+                       "      - contract: nms\n": f"      - contract: {nms}\n"})
+    r = run_cli("build", str(spec), "--no-publish")
+    assert r.returncode == 0, r.stderr
+    levels = _levels(tmp_path / "out/yolov8n_t4")
+    assert levels["kernels"]["status"] == levels["end_to_end"]["status"] == "passed"
+    assert set(levels["kernels"]["outputs"]) == {"decode/output0", "decode+nms/detections"}
+    assert "detections" in levels["end_to_end"]["outputs"]
+
+
+LETTERBOX = {  # the T4 variant with a letterbox on the GPU before the model, fp32
+    "cuts:\n": "cuts:\n  - name: letterbox\n    add: before\n    at: images\n    kernels:\n"
+               "      - contract: letterbox\n        params: {size: 640}\n",
+    "inputs:\n  images:": "inputs:\n  raw_images:\n    shape: [batch, height, width, 3]\n    dtype: uint8\n"
+                          "    profile:\n      min: [1, 32, 32, 3]\n      opt: [2, 480, 640, 3]\n"
+                          "      max: [4, 1080, 1920, 3]\n    buckets: [1, 2, 4]\n  images:",
+    "max: [8, 3, 640, 640]": "max: [4, 3, 640, 640]",
+    "buckets: [1, 2, 4, 8]             #": "buckets: [1, 2, 4]             #",
+    "precision: fp16 ": "precision: fp32 ",
+    "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 1.0], raw_images: [0, 255]}",
+}
+
+
+def test_a_letterbox_pipeline_passes_every_gpu_level(write_spec, tmp_path):
+    r = run_cli("build", str(write_spec({**N, **LETTERBOX})), "--no-publish")
+    assert r.returncode == 0, r.stderr
+    levels = _levels(tmp_path / "out/yolov8n_t4")
+    assert levels["kernels"]["status"] == levels["end_to_end"]["status"] == "passed"
+    assert set(levels["kernels"]["outputs"]) == {"letterbox/images", "letterbox/ratio_pad", "decode/output0",
+                                                 "decode+nms/detections"}
 
 
 def test_wrong_kernel_fails_the_gate(write_spec, tmp_path):
