@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..bundle.view import BundleView, EngineView, InputView, KernelView
+from ..bundle.view import BundleView, EngineView, InputView, KernelView, StepView
 from ..errors import BundleError, closest
 from ..graph.tensors import TensorSig
 from ..jit.contract_models import Detections
@@ -80,14 +80,32 @@ class KernelInfo:
 
 @dataclass(frozen=True, slots=True)
 class StepInfo:
-    """A plan step: `segment` (an engine), `kernel` (a cut site) or `added` (a stage before/after)."""
+    """A plan step as the runtime runs it: the bundle's record of it (`segment`, `kernel` or `added`)
+    and its kernels with their contracts."""
 
-    name: str
-    kind: str
-    inputs: tuple[TensorSig, ...]
-    outputs: tuple[TensorSig, ...]
+    view: StepView
     kernels: tuple[KernelInfo, ...] = ()
-    file: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+    @property
+    def kind(self) -> str:
+        return self.view.kind
+
+    @property
+    def inputs(self) -> tuple[TensorSig, ...]:
+        return self.view.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSig, ...]:
+        return self.view.outputs
+
+    @property
+    def file(self) -> str | None:
+        """A segment's ONNX (its engine when no plan runs it)."""
+        return self.view.file if self.kind == "segment" else None
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -165,9 +183,7 @@ class Layout:
     @classmethod
     def from_bundle(cls, view: BundleView) -> Layout:
         """The bundle's run plan; each kernel's contract is the bundle's copy."""
-        steps = tuple(StepInfo(s.name, s.kind, s.inputs, s.outputs,
-                               tuple(_kernel(k, s.inputs, view) for k in s.kernels),
-                               s.file if s.kind == "segment" else None)
+        steps = tuple(StepInfo(s, tuple(_kernel(k, s.inputs, view) for k in s.kernels))
                       for s in view.steps)
         return cls(view.name, view.digest, view.target_sm, view.target_gpu, view.inputs, view.outputs, steps,
                    view.engine)

@@ -22,13 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..bundle.archive import pack_to
-from ..bundle.folder import (
-    MANIFEST,
-    BundleView,
-    check_replaceable,
-    read_bundle,
-    unpack_bundle,
-)
+from ..bundle.folder import MANIFEST, check_replaceable, read_bundle, unpack_bundle
+from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import atomic_write
 from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag

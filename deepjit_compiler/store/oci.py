@@ -37,14 +37,9 @@ import oras.provider
 import requests
 
 from ..bundle.archive import pack_to, sha256_stream
-from ..bundle.folder import (
-    MANIFEST,
-    BundleView,
-    check_replaceable,
-    read_bundle,
-    unpack_bundle,
-)
+from ..bundle.folder import MANIFEST, check_replaceable, read_bundle, unpack_bundle
 from ..bundle.manifest import canonical_json
+from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import staging_dir
 from .refs import DIGEST_RE, Entry, PushResult, Store, check_tag
