@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-import yaml
+from pydantic import ValidationError
 
 from ..errors import BundleError, KernelError, closest
 from ..graph.tensors import TensorSig
@@ -23,6 +23,7 @@ from ..jit.contract_models import Detections
 from ..jit.contracts import Contract, load_contract
 from ..jit.nvrtc import CompiledKernel
 from ..spec.models import Spec
+from ..spec.safeyaml import load_yaml, read_text
 
 STEP_KINDS = ("segment", "kernel", "added")
 
@@ -276,5 +277,10 @@ class BundleView:
 
     def spec(self) -> Spec:
         """The spec the bundle was built from (its text is in the bundle); paths resolve inside it."""
-        text = self.file(str(_field(self.manifest.get("spec"), "file", "spec"))).read_text()
-        return Spec.model_validate(yaml.safe_load(text), context={"base": self.root})
+        path = self.file(str(_field(self.manifest.get("spec"), "file", "spec")))
+        data, _ = load_yaml(read_text(path, BundleError, "the bundle's spec"), path, BundleError)
+        try:
+            return Spec.model_validate(data, context={"base": self.root})
+        except ValidationError as e:
+            raise BundleError(f"{self.source}: its spec.yaml is not a valid spec ({e.error_count()} problems: "
+                              f"{e.errors()[0]['msg']})") from None

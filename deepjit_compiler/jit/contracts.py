@@ -17,17 +17,17 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from ..config import data_dir
 from ..errors import KernelError, RuntimeInputError, closest
 from ..graph.tensors import TensorSig
 from ..spec.locate import describe_errors
+from ..spec.safeyaml import load_yaml, read_text
 from .contract_models import ContractModel, Detections, ParamSpec
 from .expressions import CTYPES, _repeats, _truthy, evaluate, expand
 
@@ -52,11 +52,23 @@ class Contract:
         return h.hexdigest()
 
 
-def _find(path: Path, folders: list[Path], what: str, owner: Path) -> Path:
-    for folder in folders:
-        if (folder / path).is_file():
-            return (folder / path).resolve()
-    raise KernelError(f"{owner}: {what} '{path}' not found in {', '.join(str(f) for f in folders)}")
+def _find(name: str, folders: list[Path], what: str, owner: Path) -> Path:
+    """A file a contract names: a relative path inside one of `folders` (its own folder, then DeepJIT's
+    templates), never outside them, through a link neither. Errors print only the name: the file may be
+    anything a hostile contract points at."""
+    parts = PurePosixPath(name).parts
+    if not name or name.startswith(("/", "~")) or "\\" in name or "\x00" in name or ".." in parts:
+        raise KernelError(f"{owner}: {what} '{name}' must be a relative path inside the contract's folder or "
+                          "DeepJIT's templates (no absolute path, no '..')")
+    for folder in (f.resolve() for f in folders):
+        candidate = folder / name
+        if candidate.is_file():
+            real = candidate.resolve()
+            if not real.is_relative_to(folder):
+                raise KernelError(f"{owner}: {what} '{name}' is a link out of {folder}; a contract reaches only its "
+                                  "own folder and DeepJIT's templates")
+            return real
+    raise KernelError(f"{owner}: {what} '{name}' not found in {', '.join(str(f) for f in folders)}")
 
 
 def load_contract(ref: str, *, spec_dir: Path | None = None) -> Contract:
@@ -71,14 +83,11 @@ def load_contract(ref: str, *, spec_dir: Path | None = None) -> Contract:
             names = sorted(p.stem for p in builtin.glob("*.yaml"))
             raise KernelError(f"unknown kernel contract '{ref}'{closest(ref, names)}; built-in: "
                               f"{', '.join(names)} (or give a path to your own .yaml)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise KernelError(f"{path}: kernel contract not found") from None
+    text = read_text(path, KernelError, "kernel contract")
     model = _parse_contract(text, path)
     folders = [path.parent.resolve(), data_dir("templates")]
-    template = _find(Path(model.template), folders, "template", path)
-    headers = tuple(_find(Path(h), [template.parent, *folders], "header", path) for h in model.headers)
+    template = _find(model.template, folders, "template", path)
+    headers = tuple(_find(h, [template.parent, *folders], "header", path) for h in model.headers)
     return Contract(model, path.resolve(), template, headers)
 
 
@@ -86,16 +95,13 @@ def load_contract(ref: str, *, spec_dir: Path | None = None) -> Contract:
 def _parse_contract(text: str, path: Path) -> ContractModel:
     """The validated model of a contract's text (parsed once per text: a build, its bundle and the
     runtime load the same few contracts many times). `path` only names the file in errors."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise KernelError(f"{path}: YAML error: {e}") from None
+    data, root = load_yaml(text, path, KernelError)
     if not isinstance(data, dict):
         raise KernelError(f"{path}:1:1: a contract is a mapping with keys {', '.join(ContractModel.model_fields)}")
     try:
         return ContractModel.model_validate(data)
     except ValidationError as e:  # only now the node tree, for the file:line:col of each problem
-        raise KernelError(describe_errors(e, path, yaml.compose(text, Loader=yaml.SafeLoader), ContractModel)) from None
+        raise KernelError(describe_errors(e, path, root, ContractModel)) from None
 
 
 def _check_param(name: str, spec: ParamSpec, value: Any, where: str) -> Any:

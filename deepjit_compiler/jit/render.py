@@ -19,6 +19,8 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import numpy as np
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..config import data_dir
 from ..errors import KernelError, closest
@@ -65,10 +67,12 @@ def f32_literal(value: float) -> str:
 
 @lru_cache(maxsize=16)
 def environment(search_path: tuple[str, ...]) -> jinja2.Environment:
-    """The template environment for a search path (the contract's folder, then templates/)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(list(search_path)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
-                             extensions=[_LineMarks])
+    """The template environment for a search path (the contract's folder, then templates/). It is
+    Jinja's immutable sandbox: templates come from users and from pulled bundles, so one must not
+    reach Python (`cycler.__init__.__globals__`, attributes starting with '_') or change its params."""
+    env = ImmutableSandboxedEnvironment(loader=jinja2.FileSystemLoader(list(search_path)),
+                                        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                                        keep_trailing_newline=True, autoescape=False, extensions=[_LineMarks])
     env.filters["f32"] = f32_literal
     return env
 
@@ -148,6 +152,10 @@ def render(contract: Contract, params: Mapping[str, Any]) -> KernelSource:
         hint = closest(missing[0], params) if missing else ""
         raise KernelError(f"{contract.template_path}:{line}: {e.message}{hint}; the template sees the params "
                           f"{', '.join(params)} of {contract.path}") from None
+    except SecurityError as e:
+        line = _template_line(e, contract.template_path)
+        raise KernelError(f"{contract.template_path}:{line}: the template tried an unsafe operation ({e}); "
+                          "templates render in Jinja's sandbox: params, filters and plain expressions only") from None
     except (jinja2.TemplateError, KernelError) as e:  # KernelError: a filter's (f32 of a non-finite param)
         line = _template_line(e, contract.template_path)
         raise KernelError(f"{contract.template_path}:{line}: {e}") from None

@@ -89,3 +89,39 @@ def test_template_syntax_error_names_file_and_line(tmp_path):
         """)
     with pytest.raises(KernelError, match=r"mine\.cu\.j2:\d+: template syntax error"):
         render(c, resolve_params(c, {}))
+
+
+def _contract(folder, source: str, **fields) -> str:
+    """A one-entry contract in `folder` whose template t.cu.j2 holds `source`."""
+    (folder / "t.cu.j2").write_text(source)
+    lines = ["name: t", f"template: {fields.pop('template', 't.cu.j2')}",
+             f"headers: {fields.pop('headers', [])}",
+             "entry_points: [{name: k, symbol: k, block: [1], grid: [1], args: []}]"]
+    (folder / "t.yaml").write_text("\n".join(lines) + "\n")
+    return str(folder / "t.yaml")
+
+
+def test_a_template_cannot_run_python(tmp_path):
+    """Templates come from users and from pulled bundles: they render in Jinja's sandbox."""
+    marker = tmp_path / "pwned"
+    hostile = "{{ cycler.__init__.__globals__.os.system('touch " + str(marker) + "') }}\n"
+    with pytest.raises(KernelError, match=r"t.cu.j2:1: the template tried an unsafe operation"):
+        render_kernel(_contract(tmp_path, hostile), {})
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"headers": "[/proc/self/environ]"}, "header '/proc/self/environ' must be a relative path inside"),
+    ({"template": "/etc/passwd"}, "template '/etc/passwd' must be a relative path inside"),
+    ({"template": "../outside.cu.j2"}, r"template '../outside.cu.j2' must be a relative path inside"),
+    ({"headers": "[link.cuh]"}, "header 'link.cuh' is a link out of"),
+])
+def test_a_contract_reaches_only_its_own_folder(tmp_path, fields, message):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    secret = tmp_path / "outside.cu.j2"
+    secret.write_text("SECRET-CONTENT\n")
+    (folder / "link.cuh").symlink_to(secret)
+    with pytest.raises(KernelError, match=message) as e:
+        render_kernel(_contract(folder, "extern \"C\" __global__ void k() {}\n", **fields), {})
+    assert "SECRET" not in str(e.value) and "root:" not in str(e.value)

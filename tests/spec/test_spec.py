@@ -112,7 +112,7 @@ def test_cut_needs_one_boundary(write_spec):
 
 
 def test_missing_required_key(write_spec):
-    msg = _error(write_spec, {"      - contract: yolov8_decode": "      - params: {}\n        #"})
+    msg = _error(write_spec, {"      - contract: yolov8_decode": "      - #"})
     assert "required key 'contract' is missing" in msg
 
 
