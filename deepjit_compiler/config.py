@@ -33,3 +33,13 @@ def data_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"DeepJIT's '{name}' folder is missing from {_PKG.parent} and {_PKG / '_data'}")
+
+
+def registry_timeout_s() -> float:
+    """$DEEPJIT_REGISTRY_TIMEOUT_S: connect and read timeout of each registry request (default 30)."""
+    return float(os.environ.get("DEEPJIT_REGISTRY_TIMEOUT_S", "30"))
+
+
+def registry_deadline_s() -> float:
+    """$DEEPJIT_REGISTRY_DEADLINE_S: no registry request of one command starts past this (default 1800)."""
+    return float(os.environ.get("DEEPJIT_REGISTRY_DEADLINE_S", "1800"))

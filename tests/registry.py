@@ -155,3 +155,58 @@ def auth_registry_server(tmp_path_factory) -> Iterator[RegistryServer]:
         pytest.skip(f"cannot make a bcrypt htpasswd file here ({e})")
     with running_registry(tmp_path_factory.mktemp("auth-registry"), users=users) as server:
         yield server
+
+
+# ---------------------------------------------------------------------------- a scripted fake registry
+@dataclass
+class FakeRegistry:
+    """A loopback HTTP server that answers as `answer(method, path, headers)` says: (status, headers,
+    body), or None to stall (hold the connection, answer nothing). Every request is logged."""
+
+    host: str
+    requests: list = field(default_factory=list)
+
+    def headers_seen(self) -> list[dict[str, str]]:
+        return [h for _, _, h in self.requests]
+
+
+@contextmanager
+def fake_registry(answer) -> Iterator[FakeRegistry]:
+    import http.server
+    import threading
+
+    stop = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _any(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            server.requests.append((self.command, self.path, dict(self.headers)))
+            got = answer(self.command, self.path, dict(self.headers))
+            if got is None:
+                stop.wait(30)  # stall until the test ends
+                return
+            status, headers, body = got
+            self.send_response(status)
+            for k, v in {"Content-Length": str(len(body)), **headers}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _any
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    server = FakeRegistry(f"127.0.0.1:{httpd.server_address[1]}")
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop.set()
+        httpd.shutdown()
+        httpd.server_close()

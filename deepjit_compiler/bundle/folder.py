@@ -239,6 +239,8 @@ def _load_manifest(root: Path, label: str) -> dict[str, Any]:
         raise BundleError(f"{label}: no {MANIFEST}; not a DeepJIT bundle")
     try:
         manifest = json.loads(path.read_bytes(), parse_constant=_no_constant)
+    except RecursionError:
+        raise BundleError(f"{label}: {MANIFEST} is nested absurdly deep; refused") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BundleError(f"{label}: {MANIFEST} is not valid JSON ({e})") from None
     if not isinstance(manifest, dict):

@@ -289,7 +289,11 @@ class Publish(_Model):
     @field_validator("store")
     @classmethod
     def _resolve_file_store(cls, url: str, info: ValidationInfo) -> str:
-        """file:// paths are relative to the spec's folder, like every other path in it."""
+        """file:// paths are relative to the spec's folder, like every other path in it. Credentials
+        never go in a spec (it travels inside every bundle)."""
+        if url.startswith("oci://") and "@" in url[len("oci://"):].split("/", 1)[0]:
+            raise ValueError("credentials in a store URL are refused: the spec travels inside every bundle; set "
+                             "DEEPJIT_REGISTRY_USER, DEEPJIT_REGISTRY_PASSWORD and DEEPJIT_REGISTRY_HOST, or `docker login`")
         if url.startswith("file://"):
             return "file://" + str(_resolve(Path(url[len("file://"):]), info))
         return url

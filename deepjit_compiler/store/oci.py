@@ -35,14 +35,16 @@ from typing import Any
 import oras.container
 import oras.provider
 import requests
+from requests.adapters import HTTPAdapter
 
+from .. import config
 from ..bundle.archive import pack_to, sha256_stream
 from ..bundle.folder import MANIFEST, check_replaceable, read_bundle, unpack_bundle
 from ..bundle.manifest import canonical_json
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import staging_dir
-from .refs import DIGEST_RE, Entry, PushResult, Store, check_tag
+from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
 
 log = logging.getLogger("deepjit.store")
 
@@ -53,11 +55,55 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 ANN_DIGEST = "dev.deepjit.bundle.digest"
 ANN_NAME = "dev.deepjit.bundle.name"
 ANN_TITLE = "org.opencontainers.image.title"
-USER_ENV, PASSWORD_ENV = "DEEPJIT_REGISTRY_USER", "DEEPJIT_REGISTRY_PASSWORD"
+USER_ENV, PASSWORD_ENV, HOST_ENV = "DEEPJIT_REGISTRY_USER", "DEEPJIT_REGISTRY_PASSWORD", "DEEPJIT_REGISTRY_HOST"
 
 _LOOPBACK = {"127.0.0.1", "localhost", "[::1]"}
-_PROBE_TIMEOUT_S = 10
 _PUT_ATTEMPTS = 5
+
+
+class _Deadline(HTTPAdapter):
+    """Every request to the registry gets connect and read timeouts, and none starts past the
+    command's overall deadline: a registry that stalls cannot hang a push or pull."""
+
+    def __init__(self, host: str, timeout_s: float, deadline_s: float):
+        super().__init__()
+        self.host, self.timeout, self.deadline = host, timeout_s, time.monotonic() + deadline_s
+
+    def send(self, request, **kwargs):
+        if time.monotonic() > self.deadline:
+            raise StoreError(f"registry {self.host}: the command's deadline "
+                             f"({config.registry_deadline_s():.0f} s, DEEPJIT_REGISTRY_DEADLINE_S) passed")
+        kwargs["timeout"] = kwargs.get("timeout") or (self.timeout, self.timeout)
+        try:
+            return super().send(request, **kwargs)
+        except requests.Timeout:
+            raise StoreError(f"registry {self.host} did not answer within {self.timeout:.0f} s "
+                             f"({request.method} {urllib.parse.urlsplit(request.url).path}; "
+                             "DEEPJIT_REGISTRY_TIMEOUT_S sets the limit)") from None
+
+
+class _Registry(oras.provider.Registry):
+    """oras's Registry without its retry on any exception (sleeps of 3 to 83 s between five tries): a
+    timeout or the deadline must end the command at once; an HTTP 500 gets two quick retries here."""
+
+    def do_request(self, *args, **kwargs):
+        for attempt in range(3):
+            response = _UNRETRIED_REQUEST(self, *args, **kwargs)
+            if response.status_code != 500 or attempt == 2:
+                return response
+            time.sleep(0.2 * 2 ** attempt)
+
+
+_UNRETRIED_REQUEST = oras.provider.Registry.do_request.__wrapped__
+
+
+def _realm_host(challenge: str) -> str | None:
+    """The host of a Bearer challenge's token realm (where a token client sends its credentials)."""
+    for part in challenge.split(","):
+        key, _, value = part.strip().partition("=")
+        if key.lower().endswith("realm"):
+            return urllib.parse.urlsplit(value.strip().strip('"')).hostname
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,33 +157,61 @@ class OciStore(Store):
             self._reg = self._connect()
         return self._reg
 
+    def _session(self, session: requests.Session) -> requests.Session:
+        adapter = _Deadline(self.host, config.registry_timeout_s(), config.registry_deadline_s())
+        for scheme in ("http://", "https://"):
+            session.mount(scheme, adapter)
+        return session
+
+    def _env_credentials(self) -> tuple[str, str] | None:
+        """DEEPJIT_REGISTRY_USER/PASSWORD, for the host DEEPJIT_REGISTRY_HOST names and no other: a
+        reference or a spec could otherwise send them to any host it names."""
+        user, password = os.environ.get(USER_ENV, ""), os.environ.get(PASSWORD_ENV, "")
+        if not (user or password):
+            return None
+        if not (user and password):
+            missing = PASSWORD_ENV if user else USER_ENV
+            raise StoreError(f"{self.url}: {USER_ENV} and {PASSWORD_ENV} go together; {missing} is not set")
+        host = os.environ.get(HOST_ENV, "")
+        if host != self.host:
+            log.debug("%s: %s/%s are for %s, not sent to %s", self.url, USER_ENV, PASSWORD_ENV, host or "no host",
+                      self.host)
+            return None
+        return user, password
+
     def _connect(self) -> oras.provider.Registry:
         """Ping /v2/ once (fast failure, and it tells Basic from Bearer auth), then set up oras."""
         try:
-            ping = requests.get(f"{self._base}/v2/", timeout=_PROBE_TIMEOUT_S)
+            ping = self._session(requests.Session()).get(f"{self._base}/v2/")
         except requests.RequestException as e:
             raise StoreError(f"{self.url}: cannot reach the registry at {self._base} ({type(e).__name__})") from None
         if ping.status_code not in (200, 401):
             raise StoreError(f"{self.url}: {self._base}/v2/ answered HTTP {ping.status_code}; is it an OCI registry?")
-        basic = ping.headers.get("WWW-Authenticate", "").lower().startswith("basic")
-        reg = oras.provider.Registry(hostname=self.host, insecure=self.insecure,
-                                     auth_backend="basic" if basic else "token")
-        user, password = os.environ.get(USER_ENV, ""), os.environ.get(PASSWORD_ENV, "")
-        if user or password:
-            if not (user and password):
-                missing = PASSWORD_ENV if user else USER_ENV
-                raise StoreError(f"{self.url}: {USER_ENV} and {PASSWORD_ENV} go together; {missing} is not set")
+        challenge = ping.headers.get("WWW-Authenticate", "")
+        basic = challenge.lower().startswith("basic")
+        reg = _Registry(hostname=self.host, insecure=self.insecure, auth_backend="basic" if basic else "token")
+        self._session(reg.session)
+        realm = None if basic else _realm_host(challenge)
+        hostname = urllib.parse.urlsplit(self._base).hostname
+        if realm is not None and realm != hostname:
+            # A token client sends its credentials to the realm: only to the registry's own host.
+            log.warning("%s: the registry sends token requests to %s: no credentials go there", self.url, realm)
+            return reg
+        env = self._env_credentials()
+        if env is not None:
+            user, password = env
             self._secrets = (password, base64.b64encode(f"{user}:{password}".encode()).decode())
             reg.auth.set_basic_auth(user, password)
             if basic:
                 reg.session.auth = (user, password)  # send at once instead of after each 401
         else:
-            reg.auth.load_configs(self._container)  # the Docker config file, as `docker login` left it
+            reg.auth.load_configs(self._container)  # the Docker config file: its entry for this host only
             # oras keeps what it found there in `_basic_auth`; without it a Basic registry would
             # make oras retry for a minute before failing.
             if basic and not getattr(reg.auth, "_basic_auth", None):
                 raise StoreError(f"{self.url}: the registry asks for credentials: set {USER_ENV} and "
-                                 f"{PASSWORD_ENV}, or log in with `docker login {self.host}`")
+                                 f"{PASSWORD_ENV} with {HOST_ENV}={self.host}, or log in with "
+                                 f"`docker login {self.host}`")
         return reg
 
     def _request(self, method: str, url: str, what: str, ok: tuple[int, ...] = (200,),
@@ -176,19 +250,23 @@ class OciStore(Store):
             raise StoreError(f"{self.url}: the registry answered {reference} with a manifest of digest {digest}")
         try:
             manifest = json.loads(r.content)
-        except ValueError:
-            raise StoreError(f"{self.url}: manifest '{reference}' is not JSON") from None
+        except (ValueError, RecursionError):
+            raise StoreError(f"{self.url}: manifest '{reference}' is not JSON (or nested absurdly deep)") from None
+        if not isinstance(manifest, dict):
+            raise StoreError(f"{self.url}: manifest '{reference}' is not a JSON object")
         return manifest, digest
 
     def _artifact(self, manifest: dict[str, Any], digest: str, reference: str) -> _Artifact:
-        config = manifest.get("config") or {}
+        config, layers, annotations = (manifest.get(k) for k in ("config", "layers", "annotations"))
+        config = config if isinstance(config, dict) else {}
         if manifest.get("artifactType") != ARTIFACT_TYPE and config.get("mediaType") != CONFIG_MEDIA_TYPE:
             kind = manifest.get("artifactType") or config.get("mediaType")
             raise StoreError(f"{self.url}: '{reference}' is not a DeepJIT bundle (artifact type {kind!r})")
-        layers = [layer for layer in manifest.get("layers") or [] if layer.get("mediaType") == LAYER_MEDIA_TYPE]
-        annotations = manifest.get("annotations") or {}
+        layers = [layer for layer in (layers if isinstance(layers, list) else [])
+                  if isinstance(layer, dict) and layer.get("mediaType") == LAYER_MEDIA_TYPE]
+        annotations = annotations if isinstance(annotations, dict) else {}
         bundle_digest = annotations.get(ANN_DIGEST, "")
-        if len(layers) != 1 or not DIGEST_RE.fullmatch(bundle_digest):
+        if len(layers) != 1 or not isinstance(bundle_digest, str) or not DIGEST_RE.fullmatch(bundle_digest):
             raise StoreError(f"{self.url}: '{reference}' is a malformed DeepJIT artifact "
                              f"(needs one {LAYER_MEDIA_TYPE} layer and a {ANN_DIGEST} annotation)")
         return _Artifact(digest, bundle_digest, str(annotations.get(ANN_NAME, "")), config, layers[0])
@@ -240,7 +318,13 @@ class OciStore(Store):
             r = self._request("GET", url, "listing tags", ok=(200, 404))
             if r.status_code == 404:  # the repository does not exist yet
                 return []
-            tags += r.json().get("tags") or []
+            try:
+                page = r.json().get("tags") or []
+            except (ValueError, RecursionError, AttributeError):
+                page = None
+            if not isinstance(page, list) or not all(isinstance(t, str) and TAG_RE.fullmatch(t) for t in page):
+                raise StoreError(f"{self.url}: the registry's tag list is not a list of tags; refused")
+            tags += page
             nxt = r.links.get("next", {}).get("url")
             url = urllib.parse.urljoin(url, nxt) if nxt else ""
         return sorted(tags)
@@ -293,7 +377,7 @@ class OciStore(Store):
         with staging_dir(dest) as stage:
             try:
                 config = json.loads(self._download(art.config, stage / "config.json").read_bytes())
-            except ValueError:
+            except (ValueError, RecursionError):
                 config = None
             if not isinstance(config, dict) or config.get("digest") != art.bundle_digest:
                 raise StoreError(f"{self.url}: '{tag_or_digest}': the config blob's digest is not the "

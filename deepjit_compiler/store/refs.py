@@ -114,11 +114,24 @@ def _parse_oci(rest: str, ref: str) -> tuple[str, str]:
     return host, repo
 
 
+_USERINFO = re.compile(r"(?P<scheme>[a-z]+://)[^/@\s]*@")
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of any `scheme://user:password@host` reference replaced by ***
+    (a lone user part may be a token too)."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
+
+
 def parse_ref(ref: str, *, default_store: str | None = None) -> Ref:
     """Parse a reference (see the module docstring) into Ref(store, tag, digest). `store` is
-    normalised: `file://` + an absolute path, or `oci://HOST[:PORT]/REPO`."""
+    normalised: `file://` + an absolute path, or `oci://HOST[:PORT]/REPO`. Credentials inside a
+    reference are refused (and never printed): they would travel wherever the reference goes."""
     if not isinstance(ref, str) or not ref:
         raise StoreError(f"empty reference; expected {_FORMS}")
+    if ref.startswith("oci://") and "@" in ref[len("oci://"):].split("/", 1)[0]:
+        raise StoreError(f"reference '{redact(ref)}': credentials in a reference are refused; set "
+                         "DEEPJIT_REGISTRY_USER, DEEPJIT_REGISTRY_PASSWORD and DEEPJIT_REGISTRY_HOST, or `docker login`")
     if "://" not in ref:
         rest, digest = _split_digest(ref, ref)
         if rest and (("/" in rest) or ":" in rest):

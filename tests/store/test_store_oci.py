@@ -11,12 +11,16 @@ import logging
 import random
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import oras.provider
 import pytest
 import requests
+from registry import fake_registry
+
+from conftest import run_cli
 
 from deepjit_compiler import store
 from deepjit_compiler.bundle.folder import read_bundle, write_bundle
@@ -28,6 +32,7 @@ from deepjit_compiler.store.oci import (
     CONFIG_MEDIA_TYPE,
     LAYER_MEDIA_TYPE,
     OCI_MANIFEST,
+    HOST_ENV,
     PASSWORD_ENV,
     USER_ENV,
 )
@@ -51,7 +56,7 @@ def fresh_repo(server) -> str:
 @pytest.fixture(autouse=True)
 def no_ambient_credentials(monkeypatch, tmp_path):
     """No credentials from the developer's environment or ~/.docker/config.json."""
-    for var in (USER_ENV, PASSWORD_ENV, "ORAS_USER", "ORAS_PASS"):
+    for var in (USER_ENV, PASSWORD_ENV, HOST_ENV, "ORAS_USER", "ORAS_PASS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
@@ -206,7 +211,7 @@ def test_unreachable_registry_fails_fast(tmp_path):
 def test_a_registry_that_needs_credentials_says_how_to_give_them(auth_registry_server, tmp_path, monkeypatch):
     info = make_bundle(tmp_path / "a", 140)
     ref = f"{fresh_repo(auth_registry_server)}:v1"
-    with pytest.raises(StoreError, match=f"asks for credentials: set {USER_ENV} and {PASSWORD_ENV}"):
+    with pytest.raises(StoreError, match=f"asks for credentials: set {USER_ENV} and {PASSWORD_ENV} with {HOST_ENV}="):
         store.push(info.path, ref)
     monkeypatch.setenv(USER_ENV, "deepjit")
     with pytest.raises(StoreError, match=f"{PASSWORD_ENV} is not set"):
@@ -218,6 +223,7 @@ def test_wrong_password_is_refused_without_showing_it(auth_registry_server, tmp_
     wrong = "Wr0ng-" + uuid.uuid4().hex
     monkeypatch.setenv(USER_ENV, "deepjit")
     monkeypatch.setenv(PASSWORD_ENV, wrong)
+    monkeypatch.setenv(HOST_ENV, auth_registry_server.host)
     with pytest.raises(StoreError, match="refused the credentials") as err:
         store.push(make_bundle(tmp_path / "a", 141).path, f"{fresh_repo(auth_registry_server)}:v1")
     encoded = base64.b64encode(f"deepjit:{wrong}".encode()).decode()
@@ -231,6 +237,7 @@ def test_credentials_from_the_environment(auth_registry_server, tmp_path, monkey
     (user, password), = auth_registry_server.users.items()
     monkeypatch.setenv(USER_ENV, user)
     monkeypatch.setenv(PASSWORD_ENV, password)
+    monkeypatch.setenv(HOST_ENV, auth_registry_server.host)
     info = make_bundle(tmp_path / "a", 142)
     repo = fresh_repo(auth_registry_server)
     store.push(info.path, f"{repo}:v1")
@@ -250,3 +257,82 @@ def test_credentials_from_the_docker_config(auth_registry_server, tmp_path):
     repo = fresh_repo(auth_registry_server)
     store.push(info.path, f"{repo}:v1")
     assert read_bundle(store.pull(f"{repo}:v1", tmp_path / "p")).digest == info.digest
+
+
+# ---------------------------------------------------------------------------- hostile or careless registries
+SECRET = "s3cret-" + uuid.uuid4().hex
+
+
+def basic_challenge(method, path, headers):
+    """A registry that asks for Basic credentials everywhere (and logs what it is sent)."""
+    return 401, {"WWW-Authenticate": 'Basic realm="fake"'}, b"{}"
+
+
+def test_credentials_go_only_to_the_host_they_name(tmp_path, monkeypatch):
+    monkeypatch.setenv(USER_ENV, "deepjit")
+    monkeypatch.setenv(PASSWORD_ENV, SECRET)
+    encoded = base64.b64encode(f"deepjit:{SECRET}".encode()).decode()
+    with fake_registry(basic_challenge) as stranger:
+        for host in (None, "registry.example:5000"):   # not set, or set for another registry
+            if host:
+                monkeypatch.setenv(HOST_ENV, host)
+            with pytest.raises(StoreError, match=f"asks for credentials.*{HOST_ENV}={stranger.host}") as e:
+                store.pull(f"oci://{stranger.host}/t/x:v1", tmp_path / "p")
+            assert SECRET not in str(e.value)
+        assert stranger.requests and not any("Authorization" in h for h in stranger.headers_seen())
+        monkeypatch.setenv(HOST_ENV, stranger.host)   # named: now it gets them
+        with pytest.raises(StoreError, match="refused the credentials"):
+            store.pull(f"oci://{stranger.host}/t/x:v1", tmp_path / "p")
+        assert any(h.get("Authorization") == f"Basic {encoded}" for h in stranger.headers_seen())
+
+
+def test_no_credentials_go_to_a_token_realm_on_another_host(tmp_path, monkeypatch):
+    def bearer(method, path, headers):
+        return 401, {"WWW-Authenticate": 'Bearer realm="http://evil.invalid/token",service="x"'}, b"{}"
+
+    monkeypatch.setenv(USER_ENV, "deepjit")
+    monkeypatch.setenv(PASSWORD_ENV, SECRET)
+    with fake_registry(bearer) as registry:
+        monkeypatch.setenv(HOST_ENV, registry.host)
+        with pytest.raises(StoreError):
+            store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
+    assert not any("Authorization" in h for h in registry.headers_seen())
+
+
+@pytest.mark.parametrize("ref", [f"oci://deepjit:{SECRET}@127.0.0.1:5000/t/x:v1", f"oci://{SECRET}@127.0.0.1/t/x"])
+def test_a_password_inside_a_reference_is_refused_and_never_shown(ref, tmp_path):
+    r = run_cli("pull", ref, str(tmp_path / "p"))
+    assert r.returncode == 2 and "credentials in a reference are refused" in r.stderr
+    assert SECRET not in r.stderr + r.stdout
+
+
+def test_a_password_inside_the_specs_store_is_refused(write_spec):
+    r = run_cli("build", "--dry-run", str(write_spec({"store: file://../build/store": f"store: oci://u:{SECRET}@h.example/r"})))
+    assert r.returncode == 2 and "credentials in a store URL are refused" in r.stderr
+    assert SECRET not in r.stderr + r.stdout
+
+
+def test_a_registry_that_stalls_after_v2_is_given_up_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPJIT_REGISTRY_TIMEOUT_S", "1")
+    with fake_registry(lambda method, path, headers: (200, {}, b"{}") if path == "/v2/" else None) as slow:
+        start = time.monotonic()
+        with pytest.raises(StoreError, match=f"registry {slow.host} did not answer within 1 s"):
+            store.pull(f"oci://{slow.host}/t/x:v1", tmp_path / "p")
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("body", [b"[1, 2]", b"not json", b"[" * 100_000 + b"]" * 100_000,
+                                  json.dumps({"artifactType": ARTIFACT_TYPE, "layers": "x"}).encode(),
+                                  json.dumps({"artifactType": ARTIFACT_TYPE, "layers": [{"mediaType": LAYER_MEDIA_TYPE}],
+                                              "annotations": []}).encode()])
+def test_junk_from_a_registry_is_a_store_error(tmp_path, body):
+    def junk(method, path, headers):
+        if path.endswith("/tags/list"):
+            return 200, {}, b'{"tags": "v1"}'
+        return (200, {}, b"{}") if path == "/v2/" else (200, {"Content-Type": OCI_MANIFEST}, body)
+
+    with fake_registry(junk) as registry:
+        with pytest.raises(StoreError, match=f"oci://{registry.host}/t/x"):
+            store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
+        with pytest.raises(StoreError, match="tags"):
+            store.ls(f"oci://{registry.host}/t/x")
