@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .bundle.contents import bundle_files, bundle_manifest
-from .bundle.folder import StagedBundle
+from .bundle.folder import StagedBundle, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
-from .errors import GateFailed
-from .files import atomic_write, replace_dir
+from .errors import GateFailed, OutputError
+from .files import atomic_write, output_lock, replace_dir, staging_dir
 from .jit.contracts import declared_detections
 from .jit.nvrtc import compile_site_kernels
 from .log import StageTimes
@@ -33,6 +32,7 @@ from .validation.graph import graph_level
 from .validation.precision import precision_stage
 
 log = logging.getLogger("deepjit.build")
+REPORT_FILE = "build-report.json"
 
 
 @dataclass
@@ -89,11 +89,30 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         check_inputs(loaded, resolved.model)
     result = BuildResult(loaded, resolved, times=times)
     with times.stage("surgery"):
-        result.plan = plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
+        result.plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
     if dry_run:
         return result
 
-    report_dir = _fresh_report_dir(spec.bundle.path)
+    # One build of a bundle path at a time; nothing of the user's is replaced (checked before the
+    # work, and again when the bundle and its report are put in place, atomically, at the end).
+    with output_lock(spec.bundle.path), staging_dir(report_path(spec.bundle.path)) as stage:
+        check_replaceable(spec.bundle.path)
+        check_report_replaceable(report_path(spec.bundle.path))
+        (report_dir := stage / "report").mkdir()
+        _build(result, report_dir)
+    if result.rejected is not None:
+        raise GateFailed("accuracy gate failed; bundle written to " + str(result.bundle.path) + " with its report:\n  "
+                         + "\n  ".join(result.report.failures()), result.report)
+    if publish and spec.publish is not None:
+        with times.stage("publish"):
+            result.published = push(result.bundle.path, spec.publish.store, spec.publish.tag, spec.publish.require)
+    return result
+
+
+def _build(result: BuildResult, report_dir: Path) -> None:
+    """The stages after surgery; the report's files are written to `report_dir` (a staging folder)."""
+    loaded, resolved, plan, times = result.spec, result.model, result.plan, result.times
+    spec = loaded.spec
     feeds = feeds_for(spec, plan.inputs)
     with times.stage("graph"):
         report = GateReport().with_levels(graph_level(spec, plan, resolved.model))
@@ -125,15 +144,12 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         result.bundle = staged.commit(dest, {**manifest, "validation": report.to_record()})
     if result.bundle.path != spec.bundle.path:  # rejected: the report goes with the bundle
         result.rejected = result.bundle.path
-        replace_dir(report_dir, Path(f"{result.bundle.path}.report"))
-    _write_report(result)
-    if result.rejected is not None:
-        raise GateFailed("accuracy gate failed; bundle written to " + str(result.bundle.path) + " with its report:\n  "
-                         + "\n  ".join(report.failures()), report)
-    if publish and spec.publish is not None:
-        with times.stage("publish"):
-            result.published = push(result.bundle.path, spec.publish.store, spec.publish.tag, spec.publish.require)
-    return result
+    final = report_path(result.bundle.path)
+    check_report_replaceable(final)
+    _write_report(result, report_dir)
+    replace_dir(report_dir, final)
+
+
 
 
 def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
@@ -152,16 +168,26 @@ def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
     return out
 
 
-def _fresh_report_dir(bundle_path: Path) -> Path:
+def report_path(bundle_path: Path) -> Path:
     """`<bundle>.report/`: Polygraphy RunResults per level and build-report.json (timings)."""
-    folder = Path(f"{bundle_path}.report")
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder
+    return Path(f"{bundle_path}.report")
 
 
-def _write_report(result: BuildResult) -> None:
-    """build-report.json beside the bundle: timings and everything that must not be in the manifest."""
+def check_report_replaceable(folder: Path) -> None:
+    """A build report folder is replaced only when it holds nothing but what a build writes there."""
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        raise OutputError(f"{folder}: exists and is not a build report folder; refusing to replace it")
+    foreign = sorted(p.name for p in folder.iterdir()
+                     if not (p.is_file() and (p.name == REPORT_FILE or p.name.endswith(".runresults.json"))))
+    if foreign:
+        raise OutputError(f"{folder}: holds files DeepJIT did not write ({', '.join(foreign[:3])}); refusing to "
+                          "replace the build report there: move them away")
+
+
+def _write_report(result: BuildResult, folder: Path) -> None:
+    """build-report.json: timings and everything that must not be in the manifest."""
     text = json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n"
-    atomic_write(Path(f"{result.bundle.path}.report") / "build-report.json", text.encode())
+    atomic_write(folder / REPORT_FILE, text.encode())
 

@@ -50,6 +50,10 @@ class BundleError(DeepJITError):
     """A bundle is malformed, tampered with or incompatible."""
 
 
+class OutputError(DeepJITError):
+    """An output path cannot be written (disk full, read-only, not a folder): nothing was half written."""
+
+
 class StoreError(DeepJITError):
     """Artifact storage refused an operation."""
 

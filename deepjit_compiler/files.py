@@ -1,20 +1,38 @@
 """Atomic file-system writes: a file or a folder becomes visible whole or not at all.
 
 Every file DeepJIT writes goes through a temporary name in the same folder and `os.replace`, so an
-interrupted process never leaves a half-written file under the real name."""
+interrupted process never leaves a half-written file under the real name. One writer at a time per
+output path (`output_lock`), and under that lock what an interrupted writer left behind, named as
+only DeepJIT names things (`.NAME.tmp-*`, ...), is removed. A write the file system refuses (disk
+full, read-only) is an OutputError naming the path (exit 2), never a traceback.
+"""
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import BundleError
+from .errors import BundleError, OutputError
+
+log = logging.getLogger("deepjit.files")
 
 _FILE_MODE, _EXEC_MODE, _DIR_MODE = 0o644, 0o755, 0o755
+# What DeepJIT's own writers of NAME leave beside it while they work (older releases: `.NAME.staging`).
+_LEFTOVERS = (".{n}.tmp-*", ".{n}.old-*", "..{n}.staging.tmp-*", ".{n}.staging", ".{n}.report.tmp-*",
+              ".{n}.report.old-*", ".{n}.tar.gz.tmp-*")
+_held: dict[str, int] = {}  # output locks this process holds, and how deep
+
+
+def cannot_write(path: Path, e: OSError) -> OutputError:
+    return OutputError(f"{path}: cannot write ({e.strerror or e}); nothing was left half-written")
 
 
 # ---------------------------------------------------------------------------- atomic file system
@@ -22,8 +40,11 @@ _FILE_MODE, _EXEC_MODE, _DIR_MODE = 0o644, 0o755, 0o755
 def staging_dir(dest: Path) -> Iterator[Path]:
     """A fresh hidden folder next to `dest` (same file system, so os.replace is atomic),
     removed on exit whatever happened; an interrupted process leaves only `.NAME.tmp-*`."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    except OSError as e:
+        raise cannot_write(dest, e) from None
     try:
         yield stage
     finally:
@@ -35,8 +56,11 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A binary file (read/write) that becomes `path` only when the block ends without error:
     a temporary file in the same folder, fsynced, made 0o644 and os.replace'd; removed on error."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    except OSError as e:
+        raise cannot_write(path, e) from None
     try:
         with os.fdopen(fd, "w+b") as f:
             yield f
@@ -44,6 +68,9 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
             os.fsync(f.fileno())
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise cannot_write(path, e) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -61,17 +88,79 @@ def replace_dir(src: Path, dest: Path) -> None:
     Linux has no portable atomic exchange of two folders, so the old one is renamed aside first;
     `dest` is missing only between two renames, and is never half written."""
     src, dest = Path(src), Path(dest)
-    if not dest.exists() and not dest.is_symlink():
-        os.replace(src, dest)
-        return
-    if dest.is_symlink() or not dest.is_dir():
-        raise BundleError(f"{dest}: exists and is not a folder; refusing to replace it")
-    old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
-    os.replace(dest, old / "old")
+    try:
+        if not dest.exists() and not dest.is_symlink():
+            os.replace(src, dest)
+            return
+        if dest.is_symlink() or not dest.is_dir():
+            raise BundleError(f"{dest}: exists and is not a folder; refusing to replace it")
+        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
+        os.replace(dest, old / "old")
+    except OSError as e:
+        raise cannot_write(dest, e) from None
     try:
         os.replace(src, dest)
-    except BaseException:
+    except OSError as e:
         os.replace(old / "old", dest)  # put the previous folder back
+        raise cannot_write(dest, e) from None
+    except BaseException:
+        os.replace(old / "old", dest)
         raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- one writer per output
+@contextmanager
+def output_lock(dest: Path) -> Iterator[None]:
+    """Hold the output `dest` (a bundle path) alone: an exclusive flock on a lock file named after its
+    absolute path (in this user's lock folder under the temp dir, so nothing lands beside the
+    user's files), re-entrant within this process. Two builds or pulls of one path then run one after the other, and
+    what an interrupted writer of `dest` left beside it is removed on the way in."""
+    dest = Path(dest).absolute()
+    key = str(dest)
+    if _held.get(key):
+        _held[key] += 1
+        try:
+            yield
+        finally:
+            _held[key] -= 1
+        return
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.gettempdir()) / f"deepjit-locks-{os.getuid()}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        lock = open(folder / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"), "ab")
+    except OSError as e:
+        raise cannot_write(dest, e) from None
+    with lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        _held[key] = 1
+        try:
+            remove_leftovers(dest)
+            yield
+        finally:
+            _held.pop(key, None)
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def remove_leftovers(dest: Path) -> None:
+    """Remove what interrupted DeepJIT writers of `dest` left beside it (call under its lock)."""
+    for pattern in _LEFTOVERS:
+        for stale in dest.parent.glob(pattern.format(n=dest.name)):
+            log.info("removing %s, left by an interrupted run", stale)
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else \
+                stale.unlink(missing_ok=True)
+
+
+def remove_old_temporaries(folder: Path, min_age_s: float = 600.0) -> None:
+    """Remove `.*.tmp-*` files in `folder` untouched for `min_age_s`: atomic writes that an interrupted
+    process never finished (a live one rewrites its file within seconds)."""
+    now = time.time()
+    for stale in folder.glob(".*.tmp-*"):
+        try:
+            if stale.is_file() and now - stale.stat().st_mtime > min_age_s:
+                stale.unlink()
+                log.info("removed %s, left by an interrupted write", stale)
+        except OSError:
+            continue

@@ -25,11 +25,13 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from ..errors import BundleError
-from ..files import atomic_file, replace_dir, staging_dir
+from ..files import atomic_file, cannot_write, replace_dir, staging_dir
 
 log = logging.getLogger("deepjit.bundle")
 
 _CHUNK = 1 << 20
+_DEFAULT_RATIO = 100        # a bundle compresses about 1.1 : 1; a gzip bomb about 1000 : 1
+_TRAILER_SLACK = 64 << 20   # tar headers and padding, and the end-of-archive blocks
 _FILE_MODE, _EXEC_MODE, _DIR_MODE = 0o644, 0o755, 0o755
 
 
@@ -142,10 +144,15 @@ class _Names:
             self.folded[folded] = rel
 
 
-def _extract_into(tar: tarfile.TarFile, root: Path, label: str) -> list[str]:
+def _extract_into(tar: tarfile.TarFile, root: Path, label: str, max_bytes: int) -> list[str]:
     names = _Names(label)
+    total = 0
     for member in tar:
         rel = _member_path(label, member.name)
+        total += max(member.size, 0)
+        if total > max_bytes:  # before a byte of it is inflated: a gzip bomb stops here
+            raise BundleError(f"{label}: the archive holds more than the {max_bytes} bytes its bundle declares "
+                              f"(at member '{rel}'); refused")
         if member.issym() or member.islnk():
             raise BundleError(f"{label}: member '{rel}' is a link (to '{member.linkname}'); archives may hold files only")
         if member.isdir():
@@ -161,21 +168,31 @@ def _extract_into(tar: tarfile.TarFile, root: Path, label: str) -> list[str]:
         with open(target, "xb") as out:
             shutil.copyfileobj(src, out, _CHUNK)
         os.chmod(target, _EXEC_MODE if member.mode & 0o111 else _FILE_MODE)
-    # Read to the end of the gzip stream so its CRC and length are checked too.
-    while tar.fileobj.read(_CHUNK):
-        pass
+    # Read to the end of the gzip stream so its CRC and length are checked too (bounded as well).
+    while chunk := tar.fileobj.read(_CHUNK):
+        total += len(chunk)
+        if total > max_bytes + _TRAILER_SLACK:
+            raise BundleError(f"{label}: the archive goes on past its members ({total} bytes inflated); refused")
     return sorted(names.files)
 
 
-def safe_extract(source: bytes | Path, dest: Path) -> list[str]:
+def safe_extract(source: bytes | Path, dest: Path, max_bytes: int | None = None) -> list[str]:
     """Extract the tar.gz `source` (bytes or a path) into the folder `dest`, atomically.
 
     Refuses (BundleError naming the member) absolute names, '..', symbolic and hard links,
-    devices and fifos, names that appear twice or differ only by case, and truncated or corrupt
-    archives. `dest` must not exist or be an empty folder; on any refusal it is left untouched.
-    Returns the extracted files' relative paths, sorted."""
+    devices and fifos, names that appear twice or differ only by case, truncated or corrupt
+    archives, and more than `max_bytes` of contents (what the bundle's manifest declares, when the
+    caller knows it; else a hundred times the archive's own size). `dest` must not exist or be an
+    empty folder; on any refusal it is left untouched. Returns the extracted files' relative paths,
+    sorted."""
     dest = Path(dest)
     label = "archive" if isinstance(source, (bytes, bytearray)) else str(source)
+    if max_bytes is None:
+        try:
+            size = len(source) if isinstance(source, (bytes, bytearray)) else Path(source).stat().st_size
+        except OSError as e:
+            raise BundleError(f"{label}: cannot open archive ({e.strerror})") from None
+        max_bytes = _DEFAULT_RATIO * size + _TRAILER_SLACK
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BundleError(f"{dest}: exists and is not an empty folder; refusing to extract {label} over it")
     with staging_dir(dest) as stage:
@@ -187,9 +204,11 @@ def safe_extract(source: bytes | Path, dest: Path) -> list[str]:
             raise BundleError(f"{label}: cannot open archive ({e.strerror})") from None
         try:
             with fileobj, tarfile.open(fileobj=fileobj, mode="r:gz") as tar:
-                files = _extract_into(tar, root, label)
+                files = _extract_into(tar, root, label, max_bytes)
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
             raise BundleError(f"{label}: archive is truncated or corrupt ({e})") from None
+        except OSError as e:
+            raise cannot_write(dest, e) from None
         replace_dir(root, dest)
     log.debug("extracted %d files from %s into %s", len(files), label, dest)
     return files

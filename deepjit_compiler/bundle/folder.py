@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError
-from ..files import replace_dir, staging_dir
+from ..files import cannot_write, output_lock, replace_dir, staging_dir
 from .archive import list_files, pack_to, safe_extract, sha256_stream
 from .manifest import manifest_bytes, manifest_digest, plain_manifest
 from .view import BundleView
@@ -113,11 +113,23 @@ def _refuse_own_fields(fields: Mapping[str, Any]) -> None:
 
 
 def check_replaceable(dest: Path) -> None:
-    """Refuse (BundleError) unless `dest` is absent, an empty folder or a bundle folder."""
+    """Refuse (BundleError) unless `dest` is absent, an empty folder, or a bundle exactly as DeepJIT
+    wrote it (it verifies: no file added, changed or missing). A folder that merely holds a
+    manifest.json, a user's `app/src/` say, is never replaced: DeepJIT deletes only what it made."""
+    dest = Path(dest)
     if not dest.exists() and not dest.is_symlink():
         return
-    if dest.is_dir() and not dest.is_symlink() and ((dest / MANIFEST).is_file() or not any(dest.iterdir())):
-        return
+    if dest.is_dir() and not dest.is_symlink():
+        if not any(dest.iterdir()):
+            return
+        if (dest / MANIFEST).is_file():
+            try:
+                verify_folder(dest)
+                return
+            except BundleError as e:
+                why = str(e).split("\n", 1)[-1].strip()
+                raise BundleError(f"{dest}: holds a {MANIFEST} but is not a DeepJIT bundle as DeepJIT wrote it "
+                                  f"({why}); refusing to replace it: move it away or choose another folder") from None
     raise BundleError(f"{dest}: exists and is not a DeepJIT bundle; refusing to replace it "
                       "(choose another output folder or remove it)")
 
@@ -152,11 +164,15 @@ class StagedBundle:
         entries = {_check_rel(rel, f"files['{rel}']"): content for rel, content in files.items()}
         _check_names(sorted(entries), "files")
         self._exit = ExitStack()
-        self.stage = self._exit.enter_context(staging_dir(Path(near)))
+        self._exit.enter_context(output_lock(Path(near)))
         try:
+            self.stage = self._exit.enter_context(staging_dir(Path(near)))
             self.root = self.stage / "bundle"
             self.root.mkdir()
             self.listed = {rel: _copy_in(self.root, rel, entries[rel]) for rel in sorted(entries)}
+        except OSError as e:
+            self.close()
+            raise cannot_write(Path(near), e) from None
         except BaseException:
             self.close()
             raise
@@ -170,17 +186,21 @@ class StagedBundle:
         `<dest>.tar.gz`: each is whole or absent. An existing bundle at `dest` is replaced; any other
         existing folder is refused."""
         dest = Path(dest)
-        body, tar_path = _sealed(dest, manifest)
-        body.update(schema_version=SCHEMA_VERSION, files=self.listed)
-        body["digest"] = manifest_digest(body)
-        (self.root / MANIFEST).write_bytes(manifest_bytes(body))
-        os.chmod(self.root / MANIFEST, 0o644)
-        if archive:
-            pack_to(self.root, self.stage / "bundle.tar.gz")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        replace_dir(self.root, dest)
-        if archive:
-            os.replace(self.stage / "bundle.tar.gz", tar_path)
+        with output_lock(dest):
+            body, tar_path = _sealed(dest, manifest)
+            body.update(schema_version=SCHEMA_VERSION, files=self.listed)
+            body["digest"] = manifest_digest(body)
+            try:
+                (self.root / MANIFEST).write_bytes(manifest_bytes(body))
+                os.chmod(self.root / MANIFEST, 0o644)
+                if archive:
+                    pack_to(self.root, self.stage / "bundle.tar.gz")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                replace_dir(self.root, dest)
+                if archive:
+                    os.replace(self.stage / "bundle.tar.gz", tar_path)
+            except OSError as e:
+                raise cannot_write(dest, e) from None
         self.close()
         log.info("wrote bundle %s (%d files, %s)", dest, len(self.listed), body["digest"])
         return BundleInfo(dest, tar_path if archive else None, body["digest"], body)
@@ -314,16 +334,26 @@ def read_bundle(path: Path | BundleView) -> BundleView:
     return BundleView(root, verify_folder(root, str(path)), path, tmp)
 
 
-def unpack_bundle(archive: bytes | Path, dest: Path, *, expected_digest: str | None = None) -> BundleView:
+def declared_size(manifest: Mapping[str, Any]) -> int:
+    """The bytes a bundle's files add up to, as its manifest says (what extracting it may write)."""
+    files = manifest.get("files") if isinstance(manifest, Mapping) else None
+    entries = files.values() if isinstance(files, Mapping) else ()
+    return sum(e["size"] for e in entries if isinstance(e, Mapping) and isinstance(e.get("size"), int)) + \
+        len(manifest_bytes(manifest))
+
+
+def unpack_bundle(archive: bytes | Path, dest: Path, *, expected_digest: str | None = None,
+                  max_bytes: int | None = None) -> BundleView:
     """Extract a bundle archive into the folder `dest`, verify it (and that its digest is
-    `expected_digest` when given), and only then move it into place. An existing bundle folder at
-    `dest` is replaced; any other existing folder is refused."""
+    `expected_digest` when given), and only then move it into place. An existing bundle at `dest` is
+    replaced; any other existing folder is refused. `max_bytes`: what its manifest declares (a store
+    knows it before unpacking), so a bomb stops there."""
     dest = Path(dest)
     label = "bundle archive" if isinstance(archive, (bytes, bytearray)) else str(archive)
-    check_replaceable(dest)
-    with staging_dir(dest) as stage:
+    with output_lock(dest), staging_dir(dest) as stage:
+        check_replaceable(dest)
         root = stage / "bundle"
-        safe_extract(archive, root)
+        safe_extract(archive, root, max_bytes)
         manifest = verify_folder(root, label)
         if expected_digest is not None and manifest["digest"] != expected_digest:
             raise BundleError(f"{label}: bundle digest {manifest['digest']} is not the expected {expected_digest}")

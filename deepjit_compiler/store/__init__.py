@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..bundle.folder import read_bundle
 from ..bundle.view import BundleView
 from ..errors import StoreError
 from .file import FileStore
@@ -35,11 +36,17 @@ def open_store(url: str) -> Store:
 
 
 def push(bundle: Path | BundleView, ref: str, *, force: bool = False) -> PushResult:
-    """`deepjit push BUNDLE REF`: REF must carry a tag."""
+    """`deepjit push BUNDLE REF`: REF must carry a tag. A bundle its accuracy gate rejected is
+    refused unless `force` (which also moves a tag that holds other content)."""
     parsed = parse_ref(ref)
     if not parsed.tag:
         raise StoreError(f"reference '{ref}' has no tag; push needs one, e.g. '{parsed.store}:v1'")
-    return open_store(parsed.store).push(bundle, parsed.tag, force=force)
+    view = read_bundle(bundle)
+    failed = [lvl for lvl, rec in view.levels.items() if isinstance(rec, dict) and rec.get("status") == "failed"]
+    if failed and not force:
+        raise StoreError(f"{view.source}: its accuracy gate rejected this bundle ({', '.join(failed)} failed); "
+                         "push it anyway with --force")
+    return open_store(parsed.store).push(view, parsed.tag, force=force)
 
 
 def pull(ref: str, dest: Path | None = None) -> Path:

@@ -22,10 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..bundle.archive import pack_to
-from ..bundle.folder import MANIFEST, check_replaceable, read_bundle, unpack_bundle
+from ..bundle.folder import MANIFEST, check_replaceable, declared_size, read_bundle, unpack_bundle
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
-from ..files import atomic_write
+from ..files import atomic_write, cannot_write, remove_old_temporaries
 from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
 
 log = logging.getLogger("deepjit.store")
@@ -53,10 +53,16 @@ class FileStore(Store):
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "ab") as lock:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            lock = open(self.root / ".lock", "ab")
+        except OSError as e:
+            raise cannot_write(self.root, e) from None
+        with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
+                for folder in (self._blobs, self._tags):  # what interrupted pushes left
+                    remove_old_temporaries(folder)
                 yield
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
@@ -80,14 +86,15 @@ class FileStore(Store):
         check_tag(tag)
         b = read_bundle(bundle)
         digest = b.digest
-        # Blobs first, outside the lock: content-addressed, so concurrent writers agree.
-        pack_to(b.root, self._blob(digest))
-        atomic_write(self._meta(digest), (b.root / MANIFEST).read_bytes())
         with self._locked():
             current = self._read_tag(tag)
-            if current not in (None, digest) and not force:
+            if current not in (None, digest) and not force:  # refused before a byte is written
                 raise StoreError(f"{self.url}: tag '{tag}' already holds {current}, not this bundle "
                                  f"({digest}); push with --force to move it")
+            # Blobs before the tag, so a tag only ever names a complete blob.
+            if not self._blob(digest).is_file():
+                pack_to(b.root, self._blob(digest))
+            atomic_write(self._meta(digest), (b.root / MANIFEST).read_bytes())
             if current != digest:
                 atomic_write(self._tags / tag, f"{digest}\n".encode())
         log.info("pushed %s to %s:%s%s", digest, self.url, tag, " (unchanged)" if current == digest else "")
@@ -109,7 +116,12 @@ class FileStore(Store):
         if not blob.is_file():
             raise StoreError(f"{self.url}: no bundle {digest} in the store")
         try:
-            unpack_bundle(blob, Path(dest), expected_digest=digest)
+            declared = json.loads(self._meta(digest).read_bytes())
+            max_bytes = declared_size(declared) if isinstance(declared, dict) else None
+        except (OSError, ValueError, RecursionError):
+            max_bytes = None  # the archive's own size bounds it then
+        try:
+            unpack_bundle(blob, Path(dest), expected_digest=digest, max_bytes=max_bytes)
         except BundleError as e:
             raise StoreError(f"{self.url}: refusing {tag_or_digest}: the stored bundle failed verification: {e}") from None
         log.info("pulled %s from %s into %s", digest, self.url, dest)
@@ -118,13 +130,17 @@ class FileStore(Store):
     def ls(self) -> list[Entry]:
         entries = []
         for tag in self._tags_list():
-            digest = self._read_tag(tag)
+            try:
+                digest = self._read_tag(tag)
+            except StoreError as e:  # one bad tag file: say so, list the rest
+                log.warning("%s", e)
+                continue
             if digest is None:  # removed meanwhile
                 continue
             blob, meta = self._blob(digest), self._meta(digest)
             try:
                 name = str(json.loads(meta.read_bytes()).get("name") or "")
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError):
                 name = ""
             size = blob.stat().st_size if blob.is_file() else 0
             entries.append(Entry(tag, digest, name, size))

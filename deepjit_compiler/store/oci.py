@@ -39,11 +39,11 @@ from requests.adapters import HTTPAdapter
 
 from .. import config
 from ..bundle.archive import pack_to, sha256_stream
-from ..bundle.folder import MANIFEST, check_replaceable, read_bundle, unpack_bundle
+from ..bundle.folder import MANIFEST, check_replaceable, declared_size, read_bundle, unpack_bundle
 from ..bundle.manifest import canonical_json
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
-from ..files import staging_dir
+from ..files import output_lock, staging_dir
 from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
 
 log = logging.getLogger("deepjit.store")
@@ -374,7 +374,7 @@ class OciStore(Store):
         art = self._artifact(got[0], got[1], tag_or_digest)
         dest = Path(dest)
         check_replaceable(dest)
-        with staging_dir(dest) as stage:
+        with output_lock(dest), staging_dir(dest) as stage:  # the lock first: its way in clears stale stages
             try:
                 config = json.loads(self._download(art.config, stage / "config.json").read_bytes())
             except (ValueError, RecursionError):
@@ -384,7 +384,7 @@ class OciStore(Store):
                                  f"annotated bundle digest {art.bundle_digest}; refused")
             layer = self._download(art.layer, stage / "bundle.tar.gz")
             try:
-                unpack_bundle(layer, dest, expected_digest=art.bundle_digest)
+                unpack_bundle(layer, dest, expected_digest=art.bundle_digest, max_bytes=declared_size(config))
             except BundleError as e:
                 raise StoreError(f"{self.url}: refusing '{tag_or_digest}': the bundle failed verification: {e}") from None
         log.info("pulled %s from %s@%s into %s", art.bundle_digest, self.url, art.manifest_digest, dest)
