@@ -1,5 +1,7 @@
 """`deepjit build` end to end on the CPU: surgery, graph + precision levels, kernels, bundle, gate, publish."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +142,45 @@ def test_users_copies_of_the_builtin_kernels_get_the_same_treatment(t4_build, wr
                "scores": np.array([[0.5]], np.float32), "classes": np.array([[7]], np.int32)}
     record = runbundle.result_of(outputs, 0, runbundle.Sample("x.npy", {}), layout)
     assert record["detections"] == [{"class": 7, "score": 0.5, "box": [1.0, 2.0, 3.0, 4.0]}]
+
+
+def test_a_report_folder_with_the_users_files_is_never_replaced(write_spec, tmp_path):
+    spec = _spec(write_spec)
+    report = tmp_path / "out/yolov8n_t4.report"
+    report.mkdir(parents=True)
+    (report / "my-notes.txt").write_text("mine")
+    r = run_cli("build", str(spec), "--no-publish")
+    assert r.returncode == 2 and "holds files DeepJIT did not write (my-notes.txt)" in r.stderr
+    assert (report / "my-notes.txt").read_text() == "mine" and not (tmp_path / "out/yolov8n_t4").exists()
+
+
+def test_a_build_that_fails_leaves_the_previous_report(t4_build, write_spec, tmp_path):
+    """The report is replaced at the end of a build, like the bundle: a build stopped on bad input
+    (exit 2) leaves the last one as it was."""
+    first = Path(t4_build.spec.path).parent
+    report = first / "out/yolov8n_t4.report"
+    before = {p.name: p.read_bytes() for p in report.iterdir()}
+    spec = first / "broken.yaml"
+    assert "anchors_per_thread: 4" in t4_build.spec.text
+    spec.write_text(t4_build.spec.text.replace("anchors_per_thread: 4", "anchors_per_thread: 3"))  # fails at kernels
+    r = run_cli("build", str(spec), "--no-publish")
+    assert r.returncode == 2 and "param 'anchors_per_thread' must be one of" in r.stderr
+    assert {p.name: p.read_bytes() for p in report.iterdir()} == before
+
+
+def test_an_output_path_that_cannot_be_written_exits_2(write_spec, tmp_path):
+    (tmp_path / "out").write_text("a file where the output folder should be")
+    r = run_cli("build", str(_spec(write_spec)), "--no-publish")
+    assert r.returncode == 2 and "cannot write" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow  # four builds
+def test_concurrent_builds_of_one_spec_all_succeed_with_the_same_bundle(write_spec, tmp_path):
+    spec = _spec(write_spec)
+    procs = [subprocess.Popen([sys.executable, "-m", "deepjit_compiler.cli", "-q", "build", str(spec), "--no-publish",
+                               "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in results]
+    digests = {json.loads(out)["bundle"]["digest"] for out, _ in results}
+    assert len(digests) == 1 and read_bundle(tmp_path / "out/yolov8n_t4").digest in digests
+    assert not [p.name for p in (tmp_path / "out").iterdir() if ".tmp-" in p.name or ".old-" in p.name]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BundleError
+from ..errors import BundleError, OutputError
 from ..files import cannot_write, output_lock, replace_dir, staging_dir
 from .archive import list_files, pack_to, safe_extract, sha256_stream
 from .manifest import manifest_bytes, manifest_digest, plain_manifest
@@ -201,6 +201,8 @@ class StagedBundle:
                     os.replace(self.stage / "bundle.tar.gz", tar_path)
             except OSError as e:
                 raise cannot_write(dest, e) from None
+            except OutputError as e:  # a staged file's: name the bundle it was for
+                raise OutputError(f"{dest}: cannot write the bundle ({e})") from None
         self.close()
         log.info("wrote bundle %s (%d files, %s)", dest, len(self.listed), body["digest"])
         return BundleInfo(dest, tar_path if archive else None, body["digest"], body)

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import gzip
+import errno
 import hashlib
+import io
 import json
 import os
 import random
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import deepjit_compiler.bundle.folder as bundle_mod
 from deepjit_compiler.bundle.archive import pack
-from deepjit_compiler.bundle.folder import describe, read_bundle, unpack_bundle, update_bundle, write_bundle
+from deepjit_compiler.bundle.folder import (declared_size, describe, read_bundle, unpack_bundle, update_bundle,
+                                            write_bundle)
 from deepjit_compiler.bundle.view import BundleView
 from deepjit_compiler.errors import BundleError
 
@@ -350,3 +354,85 @@ def test_read_bundle_refuses_other_schema_versions_and_non_bundles(tmp_path, sam
         read_bundle(tmp_path / "plain")
     with pytest.raises(BundleError, match="no such bundle"):
         read_bundle(tmp_path / "absent")
+
+
+def test_a_folder_that_merely_holds_a_manifest_is_never_replaced(tmp_path, sample):
+    """A user's app/src/ with a manifest.json of its own, or a bundle someone edited, is not DeepJIT's."""
+    files, manifest = sample
+    app = tmp_path / "app" / "src"
+    app.mkdir(parents=True)
+    (app / "manifest.json").write_text('{"name": "my web app"}')
+    (app / "main.py").write_text("print('mine')")
+    with pytest.raises(BundleError, match="holds a manifest.json but is not a DeepJIT bundle as DeepJIT wrote it"):
+        write_bundle(app, files, manifest)
+    with pytest.raises(BundleError, match="is not a DeepJIT bundle as DeepJIT wrote it"):
+        unpack_bundle(write_bundle(tmp_path / "b", files, manifest).archive, app)
+    assert sorted(p.name for p in app.iterdir()) == ["main.py", "manifest.json"]
+    edited = tmp_path / "b"
+    (edited / "notes.txt").write_text("added by hand")
+    with pytest.raises(BundleError, match="'notes.txt' is not listed"):
+        write_bundle(edited, files, manifest)
+    assert (edited / "notes.txt").read_text() == "added by hand"
+
+
+def test_interrupted_writers_leftovers_are_removed_on_the_next_write(tmp_path, sample):
+    files, manifest = sample
+    stale = [tmp_path / ".b.tmp-abc123", tmp_path / "..b.staging.tmp-xyz", tmp_path / ".b.report.tmp-1"]
+    for folder in stale:
+        (folder / "bundle").mkdir(parents=True)
+        (folder / "bundle" / "big.bin").write_bytes(b"x" * 1000)
+    (tmp_path / ".b.tar.gz.tmp-q").write_bytes(b"half")
+    (tmp_path / ".other.tmp-1").mkdir()        # another output's: not touched
+    write_bundle(tmp_path / "b", files, manifest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-1", "b", "b.tar.gz"]
+
+
+def test_a_write_the_file_system_refuses_is_an_output_error(tmp_path, sample, monkeypatch):
+    from deepjit_compiler.errors import OutputError
+
+    files, manifest = sample
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(OutputError, match=r"afile/b: cannot write \((Not a directory|File exists)\)"):
+        write_bundle(tmp_path / "afile" / "b", files, manifest)
+    real = os.replace
+
+    def disk_full(src, dst):
+        if str(dst).endswith(".tar.gz"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with pytest.raises(OutputError, match=r"/b: cannot write the bundle \(.*No space left on device"):
+        write_bundle(tmp_path / "b", files, manifest)
+    assert not (tmp_path / "b.tar.gz").exists() and _leftovers(tmp_path) == []
+
+
+def test_a_gzip_bomb_stops_at_the_size_its_manifest_declares(tmp_path, sample):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest)
+    declared = declared_size(info.manifest)
+    bomb = io.BytesIO()
+    with tarfile.open(fileobj=bomb, mode="w:gz", compresslevel=1) as tar:
+        member = tarfile.TarInfo("zeros.bin")
+        member.size = 256 << 20        # 256 MiB of zeros: about 1 MB compressed
+        tar.addfile(member, _Zeros(member.size))
+    start = time.perf_counter()
+    with pytest.raises(BundleError, match=f"holds more than the {declared} bytes its bundle declares"):
+        unpack_bundle(bomb.getvalue(), tmp_path / "out", max_bytes=declared)
+    assert time.perf_counter() - start < 5 and not (tmp_path / "out").exists()
+
+
+class _Zeros(io.RawIOBase):
+    """`n` zero bytes, read in pieces (no gigabyte in memory)."""
+
+    def __init__(self, n: int):
+        self.left = n
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.left)
+        buf[:n] = bytes(n)
+        self.left -= n
+        return n

@@ -5,8 +5,10 @@ import gzip
 import io
 import json
 import multiprocessing
+import os
 import random
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,56 @@ def test_concurrent_pushes_of_different_content_one_wins(tmp_path):
     assert len(refused) == 4 and all(f"already holds {winner}, not this bundle ({loser})" in m for m in refused)
     assert read_bundle(FileStore(tmp_path / "store").pull("v1", tmp_path / "p")).digest == winner
     assert json.loads((tmp_path / "p" / "manifest.json").read_bytes())["digest"] == winner
+
+
+# ---------------------------------------------------------------------------- hostile or careless inputs
+def test_a_refused_push_writes_no_blob(tmp_path):
+    a, b = make_bundle(tmp_path / "a", 31), make_bundle(tmp_path / "b", 32)
+    s = FileStore(tmp_path / "store")
+    s.push(a.path, "v1")
+    before = sorted(p.name for p in (tmp_path / "store/blobs/sha256").iterdir())
+    with pytest.raises(StoreError, match="already holds"):
+        s.push(b.path, "v1")
+    assert sorted(p.name for p in (tmp_path / "store/blobs/sha256").iterdir()) == before
+
+
+def test_a_bundle_its_gate_rejected_is_pushed_only_with_force(tmp_path):
+    files = {"x.bin": b"1"}
+    rejected = write_bundle(tmp_path / "r", files, {"name": "r", "validation": {"levels": {
+        "graph": {"status": "passed"}, "precision": {"status": "failed", "reason": "too far"}}}})
+    url = f"file://{tmp_path / 'store'}"
+    with pytest.raises(StoreError, match=r"its accuracy gate rejected this bundle \(precision failed\).*--force"):
+        store.push(rejected.path, f"{url}:v1")
+    assert not (tmp_path / "store").exists()
+    assert store.push(rejected.path, f"{url}:v1", force=True).digest == rejected.digest
+
+
+def test_one_corrupt_tag_file_does_not_break_ls(tmp_path, caplog):
+    s = FileStore(tmp_path / "store")
+    s.push(make_bundle(tmp_path / "a", 33).path, "good")
+    (tmp_path / "store/tags/bad").write_text("garbage\n")
+    assert [e.tag for e in s.ls()] == ["good"]
+    assert "tag file" in caplog.text and "bad" in caplog.text
+    with pytest.raises(StoreError, match="tag file .*bad is corrupt"):
+        s.pull("bad", tmp_path / "p")
+
+
+def test_stale_temporaries_of_interrupted_pushes_are_removed(tmp_path):
+    s = FileStore(tmp_path / "store")
+    s.push(make_bundle(tmp_path / "a", 34).path, "v1")
+    blobs = tmp_path / "store/blobs/sha256"
+    old, fresh = blobs / f".{HEX}.tar.gz.tmp-old", blobs / f".{HEX}.tar.gz.tmp-new"
+    old.write_bytes(b"x" * 1000)
+    fresh.write_bytes(b"y")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))   # an hour untouched: its writer is gone
+    s.push(make_bundle(tmp_path / "b", 35).path, "v2")
+    assert not old.exists() and fresh.exists()
+
+
+def test_junk_in_a_store_is_a_clear_error(tmp_path):
+    s = FileStore(tmp_path / "store")
+    digest = s.push(make_bundle(tmp_path / "a", 36).path, "v1").digest
+    meta = tmp_path / f"store/blobs/sha256/{digest.split(':')[1]}.manifest.json"
+    meta.write_text("[" * 100_000 + "]" * 100_000)
+    assert [e.name for e in s.ls()] == [""]                      # listed, without a name
+    assert read_bundle(s.pull("v1", tmp_path / "p")).digest == digest   # the blob itself still verifies
