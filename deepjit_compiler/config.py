@@ -13,6 +13,13 @@ def cache_dir() -> Path:
     return Path(env) if env else Path(platformdirs.user_cache_dir("deepjit")) / "kernels"
 
 
+def cache_key_file() -> Path:
+    """$DEEPJIT_CACHE_KEY_FILE: the secret that signs this user's kernel cache entries (default: in the
+    user config folder, outside any cache folder a team might share)."""
+    env = os.environ.get("DEEPJIT_CACHE_KEY_FILE")
+    return Path(env) if env else Path(platformdirs.user_config_dir("deepjit")) / "cache.key"
+
+
 def dump_dir() -> Path | None:
     """$DEEPJIT_DUMP_DIR: where rendered kernels and PTX are also written, for debugging."""
     env = os.environ.get("DEEPJIT_DUMP_DIR")

@@ -35,7 +35,9 @@ def engine_path(rel: str) -> str:
 
 
 def bundle_files(loaded, resolved, plan, kernels, artifacts) -> dict[str, bytes]:
-    files: dict[str, bytes] = {SPEC_FILE: loaded.text.encode(), MODEL_FILE: resolved.data}
+    files: dict[str, bytes | Path] = {SPEC_FILE: loaded.text.encode(), MODEL_FILE: resolved.data}
+    for loc in resolved.external:  # its weights, beside it as the model's file names them
+        files[f"{Path(MODEL_FILE).parent.as_posix()}/{loc}"] = resolved.path.parent / loc
     for step in (*plan.sites, *plan.added):
         files[plan.relpath(step)] = model_bytes(step.onnx)
     for stage, ks in kernels.items():

@@ -5,13 +5,20 @@ written to a temp file in the same folder, fsynced and os.replace'd; meta.json g
 commit marker: it records each binary's sha256, so a torn or corrupt entry reads as a miss (and is
 rebuilt). Concurrent builders of one key write identical bytes, so either replace wins safely.
 
+An entry is trusted only if this user's DeepJIT wrote it: meta.json carries an HMAC of the key and
+the binaries' digests under a secret kept in the user's config folder (config.cache_key_file), so
+binaries edited in a shared or copied cache, their digests with them, read as a miss and are rebuilt
+instead of shipped in a bundle.
+
 Root: the spec's `compile.cache_dir`, else $DEEPJIT_CACHE_DIR, else the user cache dir (config.py).
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +30,30 @@ from ..files import atomic_write
 
 log = logging.getLogger("deepjit.cache")
 META = "meta.json"
+
+
+def _secret() -> bytes:
+    """This user's cache secret: 32 random bytes, made once, readable by the user alone."""
+    path = config.cache_key_file()
+    try:
+        data = path.read_bytes()
+        if len(data) >= 32:
+            return data
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process made it meanwhile
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    return path.read_bytes()
+
+
+def _mac(key: str, digests: Mapping[str, str]) -> str:
+    message = json.dumps({"key": key, "blobs": dict(digests)}, sort_keys=True).encode()
+    return hmac.new(_secret(), message, hashlib.sha256).hexdigest()
 
 
 def key_of(material: Mapping[str, Any]) -> str:
@@ -72,6 +103,8 @@ class KernelCache:
                 return self._corrupt(key, f"{name} does not match its digest")
         if meta.get("key") != key:
             return self._corrupt(key, "meta.json belongs to another key")
+        if not hmac.compare_digest(str(meta.get("mac", "")), _mac(key, meta["blobs"])):
+            return self._corrupt(key, "it was not written by this user's DeepJIT (or was edited since)")
         stats.bump("hits")
         return meta, blobs
 
@@ -87,7 +120,8 @@ class KernelCache:
             folder.mkdir(parents=True, exist_ok=True)
             for name, data in blobs.items():
                 atomic_write(folder / name, data)
-            record = {**meta, "key": key, "blobs": {n: hashlib.sha256(d).hexdigest() for n, d in blobs.items()}}
+            digests = {n: hashlib.sha256(d).hexdigest() for n, d in blobs.items()}
+            record = {**meta, "key": key, "blobs": digests, "mac": _mac(key, digests)}
             atomic_write(folder / META, json.dumps(record, indent=1, sort_keys=True, default=list).encode())
         except OSError as e:
             # A read-only or full cache must not fail the build: the kernel is compiled either way.

@@ -11,11 +11,12 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
+from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_model, uses_external_data
 
 from ..errors import ModelError
 from ..graph.tensors import TensorSig
@@ -73,16 +74,39 @@ class ModelInfo:
         return "\n".join(lines)
 
 
+def external_data(model: onnx.ModelProto, path: Path) -> tuple[str, ...]:
+    """The external data files `model` (read from `path`, without its data) names, relative to its
+    folder, sorted; ModelError for a location outside that folder or a file that is missing."""
+    locations = set()
+    for g in _graphs(model.graph):
+        tensors = [*g.initializer, *(a.t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)]
+        locations.update(ExternalDataInfo(t).location for t in tensors if uses_external_data(t))
+    for loc in sorted(locations):
+        parts = PurePosixPath(loc).parts
+        if not loc or PurePosixPath(loc).is_absolute() or ".." in parts or "\\" in loc:
+            raise ModelError(f"{path}: its external data location '{loc}' is outside the model's folder; "
+                             "external data must sit beside the .onnx file")
+        if not (path.parent / loc).is_file():
+            raise ModelError(f"{path}: its weights are stored in '{loc}', which is missing from {path.parent}: "
+                             "copy it beside the model (ONNX external data)")
+    return tuple(sorted(locations))
+
+
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Read an ONNX file (with its external data); ModelError naming the file if it cannot be."""
+    """Read an ONNX file with its external data; ModelError naming the file (or the missing data
+    file) if it cannot be."""
     path = Path(path)
     if not path.exists():
         raise ModelError(f"{path}: no such ONNX model file")
     if not path.is_file():
         raise ModelError(f"{path}: is not a file; expected an ONNX model (.onnx)")
     try:
-        model = onnx.load(str(path))
-    except (DecodeError, ValueError, RuntimeError, OSError) as e:
+        model = onnx.load(str(path), load_external_data=False)
+        if external_data(model, path):
+            load_external_data_for_model(model, str(path.parent))
+    except ModelError:
+        raise
+    except (DecodeError, ValueError, RuntimeError, OSError, onnx.checker.ValidationError) as e:
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
     # Protobuf parses some non-ONNX bytes (an empty file, for one) as an empty message.
     if model.ir_version <= 0 or not model.HasField("graph"):

@@ -10,7 +10,7 @@ import onnx
 
 from ..errors import ModelError, SpecError, closest
 from ..spec.load import LoadedSpec
-from .info import load_model, tensor_info
+from .info import external_data, load_model, tensor_info
 from .synth import write_synthetic
 
 log = logging.getLogger("deepjit.model")
@@ -22,10 +22,18 @@ class ResolvedModel:
     model: onnx.ModelProto
     data: bytes  # the file's bytes, read once: hashed here, copied into the bundle
     synthesized: bool
+    external: tuple[str, ...]  # its external data files, relative to its folder (bundled beside it)
+    sha256: str                # over the file and, by name, each external data file: the weights too
 
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
+
+def _model_digest(path: Path, data: bytes, external: tuple[str, ...]) -> str:
+    h = hashlib.sha256(data)
+    for loc in external:
+        h.update(b"\0" + loc.encode() + b"\0")
+        with open(path.parent / loc, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
@@ -41,7 +49,9 @@ def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
         write_synthetic(src.synthesize, src.path, seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
         synthesized = True
     model = load_model(src.path)
-    return ResolvedModel(src.path, model, src.path.read_bytes(), synthesized)
+    data = src.path.read_bytes()
+    external = external_data(onnx.load_from_string(data), src.path)
+    return ResolvedModel(src.path, model, data, synthesized, external, _model_digest(src.path, data, external))
 
 
 def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:

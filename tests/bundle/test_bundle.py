@@ -1,8 +1,8 @@
 """BundleView manifest, digests, reproducibility, verification and atomic writes (deepjit_compiler/bundle.py)."""
 from __future__ import annotations
 
-import gzip
 import errno
+import gzip
 import hashlib
 import io
 import json
@@ -19,8 +19,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import deepjit_compiler.bundle.folder as bundle_mod
 from deepjit_compiler.bundle.archive import pack
-from deepjit_compiler.bundle.folder import (declared_size, describe, read_bundle, unpack_bundle, update_bundle,
-                                            write_bundle)
+from deepjit_compiler.bundle.folder import (
+    declared_size,
+    describe,
+    read_bundle,
+    unpack_bundle,
+    update_bundle,
+    write_bundle,
+)
 from deepjit_compiler.bundle.view import BundleView
 from deepjit_compiler.errors import BundleError
 

@@ -3,7 +3,9 @@ corrupt entries are rebuilt, concurrent builders agree, and where the cache live
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import shutil
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -98,8 +100,9 @@ def _entry(tmp_path, key) -> Path:
     return KernelCache(tmp_path).folder(key)
 
 
-@pytest.mark.parametrize("damage", ["truncate cubin", "garble meta", "drop ptx", "meta of another key"])
-def test_corrupt_entries_are_misses_and_rebuilt(tiny, tmp_path, damage):
+@pytest.mark.parametrize("damage", ["truncate cubin", "garble meta", "drop ptx", "meta of another key",
+                                    "cubin and its digest edited together", "written by another user"])
+def test_corrupt_entries_are_misses_and_rebuilt(tiny, tmp_path, damage, monkeypatch):
     src = source(tiny)
     good = compile_cached(src, 75, cache=KernelCache(tmp_path))
     folder = _entry(tmp_path, good.key)
@@ -109,6 +112,19 @@ def test_corrupt_entries_are_misses_and_rebuilt(tiny, tmp_path, damage):
         (folder / "meta.json").write_text("{not json")
     elif damage == "drop ptx":
         (folder / "ptx").unlink()
+    elif damage == "cubin and its digest edited together":
+        evil = good.cubin[:-4] + b"EVIL"
+        (folder / "cubin").write_bytes(evil)
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["blobs"]["cubin"] = hashlib.sha256(evil).hexdigest()
+        (folder / "meta.json").write_text(json.dumps(meta))
+    elif damage == "written by another user":  # a shared cache: their entry, signed with their secret
+        with monkeypatch.context() as them:
+            (tmp_path / "their.key").write_bytes(b"k" * 32)
+            them.setenv("DEEPJIT_CACHE_KEY_FILE", str(tmp_path / "their.key"))
+            compile_cached(src, 75, cache=KernelCache(tmp_path / "theirs"))
+        shutil.rmtree(folder)
+        shutil.copytree(KernelCache(tmp_path / "theirs").folder(good.key), folder)
     else:
         meta = json.loads((folder / "meta.json").read_text())
         meta["key"] = "0" * 64

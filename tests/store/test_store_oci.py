@@ -18,9 +18,8 @@ from pathlib import Path
 import oras.provider
 import pytest
 import requests
-from registry import fake_registry
-
 from conftest import run_cli
+from registry import fake_registry
 
 from deepjit_compiler import store
 from deepjit_compiler.bundle.folder import read_bundle, write_bundle
@@ -30,9 +29,9 @@ from deepjit_compiler.store.oci import (
     ANN_DIGEST,
     ARTIFACT_TYPE,
     CONFIG_MEDIA_TYPE,
+    HOST_ENV,
     LAYER_MEDIA_TYPE,
     OCI_MANIFEST,
-    HOST_ENV,
     PASSWORD_ENV,
     USER_ENV,
 )
