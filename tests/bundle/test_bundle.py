@@ -442,3 +442,11 @@ class _Zeros(io.RawIOBase):
         buf[:n] = bytes(n)
         self.left -= n
         return n
+
+
+def test_a_manifest_nested_absurdly_deep_is_a_bundle_error(tmp_path, sample):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest)
+    (info.path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BundleError, match="nested absurdly deep"):
+        read_bundle(info.path)

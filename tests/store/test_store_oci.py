@@ -335,3 +335,14 @@ def test_junk_from_a_registry_is_a_store_error(tmp_path, body):
             store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
         with pytest.raises(StoreError, match="tags"):
             store.ls(f"oci://{registry.host}/t/x")
+
+
+def test_a_docker_config_entry_goes_only_to_its_own_host(tmp_path):
+    config = tmp_path / "home" / ".docker" / "config.json"
+    config.parent.mkdir(parents=True)
+    secret = base64.b64encode(f"deepjit:{SECRET}".encode()).decode()
+    config.write_text(json.dumps({"auths": {"registry.example:5000": {"auth": secret}}}))
+    with fake_registry(basic_challenge) as stranger:
+        with pytest.raises(StoreError, match="asks for credentials"):
+            store.pull(f"oci://{stranger.host}/t/x:v1", tmp_path / "p")
+    assert not any("Authorization" in h for h in stranger.headers_seen())
