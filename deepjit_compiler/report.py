@@ -9,7 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .bundle.folder import describe, read_bundle
+from .bundle.folder import read_bundle
+from .bundle.view import BundleView
 from .model.info import describe_model, load_model
 from .surgery.suggest import format_suggestions
 from .surgery.suggest import suggest_cuts as find
@@ -109,3 +110,47 @@ def _render_bundle(d: dict[str, Any]) -> str:
         else:
             out.print(f"[bold]{key}[/bold]: {value}")
     return buf.getvalue()
+
+
+def _summary(value: Any) -> Any:
+    """Long texts (rendered sources, logs) shortened for display."""
+    if isinstance(value, dict):
+        return {k: _summary(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_summary(v) for v in value]
+    if isinstance(value, str) and (len(value) > 160 or "\n" in value):
+        return f"<{len(value)} characters>"
+    return value
+
+
+def _entries(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [_summary({"name": k, **v}) if isinstance(v, dict) else _summary({"name": k, "value": v})
+                for k, v in value.items()]
+    return _summary(list(value)) if isinstance(value, list) else []
+
+
+def describe(bundle: BundleView | Path) -> dict[str, Any]:
+    """A JSON-ready summary for `deepjit inspect BUNDLE`: name, digest, target, toolchain, spec and
+    model hashes, files (path, size, sha256), kernels, engines and validation level statuses."""
+    b = read_bundle(bundle)
+    m = b.manifest
+    files = [{"path": rel, "size": e["size"], "sha256": e["sha256"]} for rel, e in sorted(b.files.items())]
+    validation = m.get("validation") if isinstance(m.get("validation"), dict) else {}
+    levels = validation.get("levels") if isinstance(validation.get("levels"), dict) else {}
+    return {
+        "path": str(b.source),
+        "name": m.get("name"),
+        "digest": m["digest"],
+        "schema_version": m["schema_version"],
+        "target": _summary(m.get("target")),
+        "toolchain": _summary(m.get("toolchain")),
+        "spec_sha256": (m.get("spec") or {}).get("sha256") if isinstance(m.get("spec"), dict) else None,
+        "model_sha256": (m.get("model") or {}).get("sha256") if isinstance(m.get("model"), dict) else None,
+        "files": files,
+        "total_size": sum(f["size"] for f in files),
+        "kernels": _entries(m.get("kernels")),
+        "engines": _entries(m.get("engines")),
+        "validation": {lvl: rec.get("status", "unknown") if isinstance(rec, dict) else "unknown"
+                       for lvl, rec in sorted(levels.items())},
+    }

@@ -35,7 +35,6 @@ from typing import Any
 import oras.container
 import oras.provider
 import requests
-from requests.adapters import HTTPAdapter
 
 from .. import config
 from ..bundle.archive import pack_to, sha256_stream
@@ -44,6 +43,7 @@ from ..bundle.manifest import canonical_json
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import output_lock, staging_dir
+from .http import Deadline, RegistrySession, realm_host
 from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
 
 log = logging.getLogger("deepjit.store")
@@ -59,51 +59,6 @@ USER_ENV, PASSWORD_ENV, HOST_ENV = "DEEPJIT_REGISTRY_USER", "DEEPJIT_REGISTRY_PA
 
 _LOOPBACK = {"127.0.0.1", "localhost", "[::1]"}
 _PUT_ATTEMPTS = 5
-
-
-class _Deadline(HTTPAdapter):
-    """Every request to the registry gets connect and read timeouts, and none starts past the
-    command's overall deadline: a registry that stalls cannot hang a push or pull."""
-
-    def __init__(self, host: str, timeout_s: float, deadline_s: float):
-        super().__init__()
-        self.host, self.timeout, self.deadline = host, timeout_s, time.monotonic() + deadline_s
-
-    def send(self, request, **kwargs):
-        if time.monotonic() > self.deadline:
-            raise StoreError(f"registry {self.host}: the command's deadline "
-                             f"({config.registry_deadline_s():.0f} s, DEEPJIT_REGISTRY_DEADLINE_S) passed")
-        kwargs["timeout"] = kwargs.get("timeout") or (self.timeout, self.timeout)
-        try:
-            return super().send(request, **kwargs)
-        except requests.Timeout:
-            raise StoreError(f"registry {self.host} did not answer within {self.timeout:.0f} s "
-                             f"({request.method} {urllib.parse.urlsplit(request.url).path}; "
-                             "DEEPJIT_REGISTRY_TIMEOUT_S sets the limit)") from None
-
-
-class _Registry(oras.provider.Registry):
-    """oras's Registry without its retry on any exception (sleeps of 3 to 83 s between five tries): a
-    timeout or the deadline must end the command at once; an HTTP 500 gets two quick retries here."""
-
-    def do_request(self, *args, **kwargs):
-        for attempt in range(3):
-            response = _UNRETRIED_REQUEST(self, *args, **kwargs)
-            if response.status_code != 500 or attempt == 2:
-                return response
-            time.sleep(0.2 * 2 ** attempt)
-
-
-_UNRETRIED_REQUEST = oras.provider.Registry.do_request.__wrapped__
-
-
-def _realm_host(challenge: str) -> str | None:
-    """The host of a Bearer challenge's token realm (where a token client sends its credentials)."""
-    for part in challenge.split(","):
-        key, _, value = part.strip().partition("=")
-        if key.lower().endswith("realm"):
-            return urllib.parse.urlsplit(value.strip().strip('"')).hostname
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +113,7 @@ class OciStore(Store):
         return self._reg
 
     def _session(self, session: requests.Session) -> requests.Session:
-        adapter = _Deadline(self.host, config.registry_timeout_s(), config.registry_deadline_s())
+        adapter = Deadline(self.host, config.registry_timeout_s(), config.registry_deadline_s())
         for scheme in ("http://", "https://"):
             session.mount(scheme, adapter)
         return session
@@ -189,9 +144,9 @@ class OciStore(Store):
             raise StoreError(f"{self.url}: {self._base}/v2/ answered HTTP {ping.status_code}; is it an OCI registry?")
         challenge = ping.headers.get("WWW-Authenticate", "")
         basic = challenge.lower().startswith("basic")
-        reg = _Registry(hostname=self.host, insecure=self.insecure, auth_backend="basic" if basic else "token")
+        reg = RegistrySession(hostname=self.host, insecure=self.insecure, auth_backend="basic" if basic else "token")
         self._session(reg.session)
-        realm = None if basic else _realm_host(challenge)
+        realm = None if basic else realm_host(challenge)
         hostname = urllib.parse.urlsplit(self._base).hostname
         if realm is not None and realm != hostname:
             # A token client sends its credentials to the realm: only to the registry's own host.

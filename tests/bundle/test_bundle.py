@@ -21,7 +21,6 @@ import deepjit_compiler.bundle.folder as bundle_mod
 from deepjit_compiler.bundle.archive import pack
 from deepjit_compiler.bundle.folder import (
     declared_size,
-    describe,
     read_bundle,
     unpack_bundle,
     update_bundle,
@@ -29,6 +28,7 @@ from deepjit_compiler.bundle.folder import (
 )
 from deepjit_compiler.bundle.view import BundleView
 from deepjit_compiler.errors import BundleError
+from deepjit_compiler.report import describe
 
 
 def _tiny_onnx(seed: int) -> bytes:
