@@ -9,10 +9,10 @@ from ..bundle.folder import read_bundle, update_bundle
 from ..bundle.view import BundleView
 from ..engines import local_device_sm
 from ..errors import BundleError, MissingDependency
+from ..graph.steps import StepRunner
 from ..runtime.gpu import Gpu
 from .data import feeds_for
 from .end_to_end import end_to_end_level
-from .executor import StepRunner
 from .gate import GateReport, LevelResult, not_run
 from .kernels import kernels_level
 

@@ -19,10 +19,11 @@ import onnx
 from onnx import helper
 
 from ..graph.ort import random_array
+from ..graph.steps import StepRunner, WiringError
 from ..graph.tensors import TensorSig
 from ..surgery.plan import AddedStage, Plan
 from .data import symbolic_dims
-from .executor import StepRunner, WiringError, plan_runner
+from .executor import plan_runner
 from .gate import LevelResult, OutputResult, from_outputs
 
 log = logging.getLogger("deepjit.reassembly")

@@ -18,11 +18,11 @@ import numpy as np
 import onnx
 
 from ..bundle.view import BundleView, KernelView, StepView
+from ..graph.steps import StepRunner
 from ..jit.contracts import load_contract, signature
 from ..jit.nvrtc import compile_site_kernel
 from ..runtime.launch import KernelChain
 from ..runtime.layout import site_aliases
-from .executor import StepRunner
 from .gate import FunctionRunner, LevelResult, OutputResult, compare_runs, from_outputs
 
 

@@ -9,9 +9,10 @@ from conftest_models import chain_model, make_model, tiny_detector
 from onnx import TensorProto, helper
 
 from deepjit_compiler.graph.ort import ort_session
+from deepjit_compiler.graph.steps import StepRunner, WiringError
 from deepjit_compiler.surgery.cut import plan_from_model
 from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
-from deepjit_compiler.validation.executor import StepRunner, WiringError, plan_runner, reference_model
+from deepjit_compiler.validation.executor import plan_runner, reference_model
 
 F32 = TensorProto.FLOAT
 
