@@ -96,11 +96,14 @@ def materialize(segment_paths: Mapping[str, str | Path] | Sequence[str | Path], 
     return plans
 
 
-def runner_for(artifact: EngineArtifact, *, device: str = "auto", name: str | None = None) -> Runner:
-    """A runner over an artifact: the TensorRT plan, else (ONNX Runtime or deferred) the segment ONNX."""
+def runner_for(artifact: EngineArtifact, *, device: str = "auto", name: str | None = None,
+               tf32: bool = False) -> Runner:
+    """A runner over an artifact: the TensorRT plan, else (ONNX Runtime or deferred) the segment ONNX
+    (`tf32`: whether ONNX Runtime's CUDA provider may use TF32, from the spec's engine.tf32)."""
     if artifact.backend == "tensorrt" and not artifact.deferred:
         return tensorrt.TrtEngineRunner(_only(artifact, ".plan"), name=name or f"trt:{artifact.segment_name}")
-    return onnxrt.OnnxrtEngineRunner(_only(artifact, ".onnx"), device=device, name=name or f"ort:{artifact.segment_name}")
+    return onnxrt.OnnxrtEngineRunner(_only(artifact, ".onnx"), device=device, name=name or f"ort:{artifact.segment_name}",
+                                     tf32=tf32)
 
 
 def _only(artifact: EngineArtifact, suffix: str) -> bytes:

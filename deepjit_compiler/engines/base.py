@@ -67,6 +67,7 @@ class EngineSettings:
     # TensorRT 10.x only: False builds weakly typed with the precision's builder flags set too.
     # TensorRT 11 is always strongly typed.
     strongly_typed: bool = True
+    tf32: bool = False  # ONNX Runtime's CUDA provider may use TF32 in fp32 segments
 
     def __post_init__(self):
         _choice("backend", self.backend, BACKENDS)
@@ -89,7 +90,7 @@ class EngineSettings:
         return cls(backend=e.backend, precision=e.precision, workspace_bytes=e.workspace,
                    timing_cache=e.timing_cache, optimization_level=e.optimization_level,
                    hardware_compatibility=e.hardware_compatibility, profiles=profiles,
-                   target_sm=spec.target.resolved_sm)
+                   target_sm=spec.target.resolved_sm, tf32=e.tf32)
 
     def profile(self, name: str) -> InputProfile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -106,6 +107,7 @@ class EngineSettings:
             "profiles": {p.name: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)} for p in self.profiles},
             "target_sm": self.target_sm,
             "strongly_typed": self.strongly_typed,
+            "tf32": self.tf32,
         }
 
     @classmethod
@@ -119,7 +121,8 @@ class EngineSettings:
         return cls(backend=d["backend"], precision=d["precision"], workspace_bytes=d["workspace_bytes"],
                    timing_cache=Path(tc) if tc else None, optimization_level=d["optimization_level"],
                    hardware_compatibility=d["hardware_compatibility"], profiles=profiles,
-                   target_sm=d.get("target_sm"), strongly_typed=d.get("strongly_typed", True))
+                   target_sm=d.get("target_sm"), strongly_typed=d.get("strongly_typed", True),
+                   tf32=bool(d.get("tf32", False)))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

@@ -219,6 +219,15 @@ class TrtEngineRunner(BaseRunner):
         """An output's shape for the input shapes last set."""
         return tuple(self.context.get_tensor_shape(name))
 
+    def output_shapes(self, input_shapes: Mapping[str, Shape]) -> dict[str, Shape]:
+        """Every output's shape for these input shapes, as the engine works them out."""
+        for name in self.inputs:
+            self.context.set_input_shape(name, tuple(input_shapes[name]))
+        return {name: self.output_shape(name) for name in self.outputs}
+
+    def describe(self) -> str:
+        return f"gpu (TensorRT {trt.__version__})"
+
     def infer_impl(self, feed_dict):
         def np_dtype(name):
             return DataType.to_dtype(DataType.from_dtype(self.engine.get_tensor_dtype(name), "tensorrt"), "numpy")

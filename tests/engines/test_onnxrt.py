@@ -134,3 +134,53 @@ def test_enqueue_on_our_stream_over_our_buffers_matches_cpu():
         np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
     finally:
         d_in.free(), d_out.free(), stream.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu (CUDAExecutionProvider)")
+def test_onnxruntimes_own_cuda_graph_replays_new_data_in_the_same_buffers():
+    """own_graph: ONNX Runtime captures its CUDA graph on the first runs and replays it after; each run
+    must still read what is in the bound input buffer now."""
+    from polygraphy import cuda
+
+    model = segment(3)
+    stream = cuda.Stream()
+    d_in, d_out = cuda.DeviceArray((2, 3, 32, 32)), cuda.DeviceArray((2, 8, 32, 32))
+    try:
+        with OnnxrtEngineRunner(model, device="cuda") as runner:
+            assert runner.own_graphs and runner.describe().endswith("tf32 off)")
+            for seed in range(4):
+                x = images(2, seed=10 + seed)
+                d_in.copy_from(x, stream)
+                runner.enqueue(stream.ptr, {"images": d_in.ptr, "out": d_out.ptr},
+                               {"images": x.shape, "out": (2, 8, 32, 32)}, own_graph=True)
+                got = d_out.copy_to(np.empty((2, 8, 32, 32), np.float32), stream)
+                stream.synchronize()
+                np.testing.assert_allclose(got, plain_ort(model, x), rtol=1e-3, atol=1e-4, err_msg=f"run {seed}")
+    finally:
+        d_in.free(), d_out.free(), stream.free()
+
+
+def test_tf32_is_off_unless_the_spec_allows_it(monkeypatch):
+    """fp32 means fp32: the CUDA provider gets use_tf32=0 by default, 1 only with engine.tf32."""
+    from deepjit_compiler.engines import onnxrt
+    from deepjit_compiler.spec.models import Engine
+
+    assert Engine().tf32 is False and Engine(tf32=True).tf32 is True
+    settings = EngineSettings(backend="onnxruntime", tf32=True)
+    assert EngineSettings.from_dict(json.loads(settings.to_json())).tf32 is True
+    seen = []
+    session = type("Session", (), {"get_providers": lambda self: ["CUDAExecutionProvider"]})
+
+    def make(model, so, providers):
+        seen.append(providers)
+        return session()
+    monkeypatch.setattr(onnxrt.ort, "InferenceSession", make)
+    monkeypatch.setattr(onnxrt, "_preloaded", True)
+    for tf32 in (False, True):
+        runner = OnnxrtEngineRunner(segment(), device="cpu", tf32=tf32)
+        runner.device = "cuda"  # what onnxruntime-gpu would choose: the session options are what is checked
+        runner._session(1234)
+        assert runner.describe().endswith(f"tf32 {'on' if tf32 else 'off'})")
+    assert [p[0][1]["use_tf32"] for p in seen] == ["0", "1"]
+    assert seen[0][0][1]["user_compute_stream"] == "1234"
