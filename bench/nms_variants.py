@@ -17,8 +17,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from postprocess import CONF, IOU, MAX_DET, bench_deepjit, decode_site, head_maps  # noqa: E402
 
-from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
+from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 
 
 def variant(arg: str) -> tuple[str, str, dict]:

@@ -34,11 +34,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 from deepjit_compiler.jit.contracts import load_contract  # noqa: E402
+from deepjit_compiler.jit.nvrtc import compile_site_kernel, nvrtc_version  # noqa: E402
+from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 from deepjit_compiler.runtime.launch import KernelChain  # noqa: E402
 from deepjit_compiler.runtime.layout import site_aliases  # noqa: E402
-from deepjit_compiler.jit.nvrtc import compile_site_kernel, nvrtc_version  # noqa: E402
 
 NC, REG, STRIDES, SIZE = 80, 16, (8, 16, 32), 640
 CONF, IOU, MAX_DET = 0.25, 0.45, 300
@@ -64,9 +64,9 @@ def head_maps(rng: np.random.Generator, batch: int) -> list[dict[str, np.ndarray
 
 def decode_site():
     """The decode kernel site (facts and reference subgraph) of a synthetic YOLOv8n, from surgery."""
-    from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
-    from deepjit_compiler.surgery.cut import plan_from_model
     from deepjit_compiler.model.synth import synthesize_yolov8
+    from deepjit_compiler.surgery.cut import plan_from_model
+    from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
 
     plan = plan_from_model(synthesize_yolov8("yolov8n", seed=0),
                            [CutRequest("decode", preset="yolov8_decode", kernels=[KernelRequest("yolov8_decode")])])

@@ -15,7 +15,7 @@ from .errors import DeepJITError
 from .materialize import materialize_bundle
 from .model.synth import write_synthetic
 from .report import inspect_target, print_build
-from .runtime.run import bench_bundle, format_bench, format_run, run_bundle
+from .runtime.run import DEVICES, bench_bundle, format_bench, format_run, run_bundle
 from .spec.load import json_schema
 from .validation.gpu import validate_bundle
 
@@ -90,10 +90,12 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 @click.option("--out", type=click.Path(path_type=Path), help="Write the detections as JSON here.")
 @click.option("--prefer", type=click.Choice(["auto", "cubin", "ptx"]), default="auto", show_default=True)
 @click.option("--no-graph", is_flag=True, help="Plain kernel launches instead of CUDA graph replay.")
+@click.option("--device", type=click.Choice(DEVICES), default="gpu", show_default=True,
+              help="cpu: the bundle's ONNX segments and its kernels' ONNX references on ONNX Runtime's CPU provider.")
 @click.option("--json", "as_json", is_flag=True)
-def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
-    """Run BUNDLE on images or tensors on this GPU; boxes are mapped back to the original images."""
-    result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph)
+def run(bundle: Path, inputs, out, prefer, no_graph, device, as_json) -> None:
+    """Run BUNDLE on images or tensors on this GPU (or the CPU); boxes are mapped back to the original images."""
+    result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph, device=device)
     _emit_json(result) if as_json else click.echo(format_run(result))
 
 
@@ -104,14 +106,17 @@ def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
 @click.option("--warmup", type=int, default=10, show_default=True)
 @click.option("--iters", type=int, default=100, show_default=True)
 @click.option("--prefer", type=click.Choice(["auto", "cubin", "ptx"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(DEVICES), default="gpu", show_default=True,
+              help="cpu: the bundle's ONNX segments and its kernels' ONNX references on ONNX Runtime's CPU provider.")
 @click.option("--json", "as_json", is_flag=True)
-def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, as_json) -> None:
-    """Latency p50/p95/p99 (whole call and GPU part), throughput and launches per inference."""
+def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, device, as_json) -> None:
+    """Latency p50/p95/p99 (whole call and GPU part), throughput, launches and host<->device bytes per call."""
     try:
         sizes = [int(b) for b in batches.split(",")] if batches else None
     except ValueError:
         raise click.BadParameter(f"{batches!r}: give batch sizes like 1,8,32", param_hint="--batch") from None
-    result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer)
+    result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer,
+                          device=device)
     _emit_json(result) if as_json else click.echo(format_bench(result))
 
 

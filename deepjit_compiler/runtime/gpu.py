@@ -268,7 +268,15 @@ class Gpu:
         _ck(driver.cuStreamBeginCapture(self.cu_stream, mode), "cuStreamBeginCapture")
         try:
             body()
-        finally:
-            graph = _ck(driver.cuStreamEndCapture(self.cu_stream), "cuStreamEndCapture")
-        exec_ = _ck(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        except BaseException:
+            _, graph = driver.cuStreamEndCapture(self.cu_stream)  # the stream leaves capture either way
+            if graph:
+                driver.cuGraphDestroy(graph)
+            raise
+        graph = _ck(driver.cuStreamEndCapture(self.cu_stream), "cuStreamEndCapture")
+        try:
+            exec_ = _ck(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        except KernelError:
+            driver.cuGraphDestroy(graph)
+            raise
         return Graph(graph, exec_, self.cu_stream)

@@ -12,16 +12,19 @@ A call: inputs are checked against the profile, padded up to the batch's bucket 
 batch hold whatever an earlier call left: zeros after load; images never mix, so they cannot change
 the real rows, which are sliced back), and the phases run in plan order. A device phase is host
 copies into pinned staging, one async H2D copy per tensor, one graph replay, then async D2H copies;
-the stream is synchronized once, at the end. With the engine on the CPU (ONNX Runtime) the CUDA
-graph holds the kernels alone and the engine runs between device phases on host arrays; a stage
-before the engine (letterbox on the GPU) then costs a D2H copy and a synchronize before the engine:
-that is the price of a CPU engine. With a TensorRT engine the graph holds engine and kernels.
+the stream is synchronized once, at the end. With the engine on the GPU (TensorRT, or ONNX Runtime's
+CUDA provider with IO binding over these buffers on this stream) engine and kernels are one device
+phase: the inputs go in, the outputs come out, nothing crosses in between; its graph holds the engine
+too where the engine can be captured from outside, else the kernels around it are captured on their
+own (graphs.PreparedPhase). With the engine on the CPU (ONNX Runtime without onnxruntime-gpu) it runs
+between device phases on host arrays; a stage before the engine (letterbox on the GPU) then costs a
+D2H copy and a synchronize before the engine: the price of a CPU engine.
 """
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ from ..bundle.view import BundleView, InputView
 from ..errors import BundleError, KernelError
 from .code import choose_code
 from .gpu import DeviceArray, Gpu, driver_version
-from .graphs import PreparedPhase, view
+from .graphs import EngineCall, PreparedPhase, view
 from .hostmem import PinnedBuffer, capacity, d2h_async, h2d_async
 from .launch import ContractKernel, host_values
 from .layout import (
@@ -72,9 +75,10 @@ _new_gpu = CountingGpu  # the device a Pipeline loads on (tests swap in a host-m
 class Pipeline:
     """A bundle loaded on this GPU. Not thread-safe: one call at a time."""
 
-    def __init__(self, bundle: BundleView, layout: Layout, gpu: CountingGpu, prefer: str, graphs: bool):
+    def __init__(self, bundle: BundleView, layout: Layout, gpu: CountingGpu, prefer: str, graphs: bool,
+                 capture: str = "auto"):
         self.bundle, self.layout, self.gpu, self.graphs = bundle, layout, gpu, graphs
-        self.prefer = prefer
+        self.prefer, self.capture = prefer, capture
         self.code: dict[str, str] = {}
         self._closed = False
         self._buffers: dict[str, DeviceArray] = {}
@@ -86,16 +90,21 @@ class Pipeline:
         self._prepared: list[OrderedDict] = []
         self._events: list[tuple] = []
         self._timed: list[tuple] = []
+        self._copied = {"h2d": 0, "d2h": 0}
+        self._shapes: dict[str, tuple[int, ...]] = {}  # the last call's device tensor shapes
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, bundle: Path | str | BundleView, *, prefer: str = "auto", graphs: bool = True) -> Pipeline:
+    def load(cls, bundle: Path | str | BundleView, *, prefer: str = "auto", graphs: bool = True,
+             capture: str = "auto") -> Pipeline:
         """Load a bundle (folder, .tar.gz or read BundleView) on GPU 0; BundleError/KernelError when
-        its kernels cannot run on this GPU or driver, MissingDependency without a GPU."""
+        its kernels cannot run on this GPU or driver, MissingDependency without a GPU. `capture`: how
+        a phase with an engine is captured (graphs.PreparedPhase.capture; the default suits everyone,
+        the others are for measuring the arrangements)."""
         bundle = read_bundle(bundle)
         layout = Layout.from_bundle(bundle)
         gpu = _new_gpu()
-        self = cls(bundle, layout, gpu, prefer, graphs)
+        self = cls(bundle, layout, gpu, prefer, graphs, capture)
         try:
             self._load()
         except BaseException:
@@ -168,8 +177,9 @@ class Pipeline:
         return self.layout.shapes(self.layout.steps, known, self.max_batch, probe)
 
     def _probe(self, step: StepInfo, known: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        """Output shapes the manifest leaves symbolic: run the engine once at the max input shapes."""
-        log.info("segment %s: output shapes depend on the data; running it once at the max shapes", step.name)
+        """Output shapes the manifest leaves symbolic: run the engine once at these input shapes."""
+        log.info("segment %s: output shapes depend on the data; running it once at %s", step.name,
+                 {t.name: known[t.name] for t in step.inputs})
         feed = {t.name: np.zeros(known[t.name], t.dtype) for t in step.inputs}
         return {k: tuple(v.shape) for k, v in self._runners[step.name].infer(feed).items()}
 
@@ -212,7 +222,7 @@ class Pipeline:
         prepared = PreparedPhase(self.gpu, items, {n: shapes[n] for n in views}, count)
         prepared.launch()  # a plain run first: loads the functions and lets engines settle before capture
         if self.graphs:
-            prepared.capture()
+            prepared.capture(self.capture)
         cache = self._prepared[index]
         cache[_key(bucket, reads)] = prepared
         if lazy:
@@ -228,20 +238,22 @@ class Pipeline:
         return {_key(b, {n: (b, *self.max_shapes[n][1:]) for n in reads}) for b in self.buckets}
 
     def _engine_shapes(self, step: StepInfo, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        """A TensorRT engine's output shapes for these input shapes, asked of the engine."""
+        """A device engine's output shapes for these input shapes: asked of it (TensorRT), else from the
+        manifest's dims, else from one run on zeros of those shapes (ONNX Runtime tells only by running)."""
         if not self._on_device.get(step.name):
             return {}
         runner = self._runners[step.name]
-        for t in step.inputs:
-            runner.context.set_input_shape(t.name, shapes[t.name])
-        return {t.name: tuple(runner.output_shape(t.name)) for t in step.outputs}
+        inputs = {t.name: tuple(shapes[t.name]) for t in step.inputs}
+        told = runner.output_shapes(inputs)
+        if told or all(self.layout.engine_output_shape(t, shapes[step.inputs[0].name][0], shapes) is not None
+                       for t in step.outputs):
+            return told
+        return self._probe(step, inputs)
 
-    def _enqueue(self, step: StepInfo, views: Mapping[str, DeviceArray]) -> Callable[[], None]:
-        runner, handle = self._runners[step.name], int(self.gpu.stream.handle)
+    def _enqueue(self, step: StepInfo, views: Mapping[str, DeviceArray]) -> EngineCall:
         names = [t.name for t in (*step.inputs, *step.outputs)]
-        bindings = {n: views[n].ptr for n in names}
-        shapes = {n: views[n].shape for n in names}
-        return lambda: runner.enqueue(handle, bindings, shapes)
+        return EngineCall(self._runners[step.name], int(self.gpu.stream.handle), {n: views[n].ptr for n in names},
+                          {n: tuple(views[n].shape) for n in names})
 
     # -- running ---------------------------------------------------------------------------------
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -252,7 +264,8 @@ class Pipeline:
         bucket = self.layout.bucket_for(n)
         host: dict[str, np.ndarray] = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
         shapes: dict[str, tuple[int, ...]] = {}
-        gpu, self._timed = self.gpu, []
+        gpu, self._timed, copied = self.gpu, [], {"h2d": 0, "d2h": 0}
+        self._copied = copied
         device_phases = [i for i, p in enumerate(self.phases) if p.where == "device"]
         for i, phase in enumerate(self.phases):
             if phase.where == "host":
@@ -260,6 +273,7 @@ class Pipeline:
                     for name in phase.download:
                         host[name] = self._stage(name, (n, *shapes[name][1:]))
                         d2h_async(gpu, host[name], self._buffers[name])
+                        copied["d2h"] += host[name].nbytes
                     gpu.sync()
                 for step in phase.steps:
                     runner = self._runners[step]
@@ -273,6 +287,7 @@ class Pipeline:
             gpu.record(start)
             for name, view_ in staged.items():
                 h2d_async(gpu, self._buffers[name], view_)
+                copied["h2d"] += view_.nbytes
             reads = {r: shapes[r] for r in phase.reads}
             prepared = self._prepared[i].get(_key(bucket, reads)) or self._prepare(i, reads, bucket, lazy=True)
             gpu.record(k0)
@@ -286,12 +301,25 @@ class Pipeline:
         for name in self.schedule.final_download:
             out_host[name] = self._stage(name, (n, *shapes[name][1:]))
             d2h_async(gpu, out_host[name], self._buffers[name])
+            copied["d2h"] += out_host[name].nbytes
         if device_phases:
             gpu.record(self._events[device_phases[-1]][1])
             self._timed.append(self._events[device_phases[-1]])
         gpu.sync()
+        self._shapes = shapes
         return {o.name: out_host[o.name].copy() if o.name in out_host else host[o.name][:n]
                 for o in self.layout.outputs}
+
+    def read(self, name: str) -> np.ndarray:
+        """A device tensor as the last call left it (at its bucket's shape), copied to the host: what an
+        engine segment or a kernel wrote, for tests and debugging."""
+        if name not in self._shapes or name not in self._buffers:
+            raise KernelError(f"'{name}' is not a device tensor of the last call; those are "
+                              f"{', '.join(n for n in self._shapes if n in self._buffers) or 'none'}")
+        out = np.empty(self._shapes[name], self._dtypes[name])
+        d2h_async(self.gpu, out, view(self._buffers[name], out.shape))
+        self.gpu.sync()
+        return out
 
     def _stage(self, name: str, shape) -> np.ndarray:
         return self._staging[name].array(shape, self._dtypes[name])
@@ -302,6 +330,11 @@ class Pipeline:
         gpu_ms = sum(self.gpu.elapsed_ms(s, e) for s, e, _, _ in self._timed)
         kernels_ms = sum(self.gpu.elapsed_ms(a, b) for _, _, a, b in self._timed)
         return {"gpu_ms": gpu_ms, "kernels_ms": kernels_ms}
+
+    def last_copies(self) -> dict[str, int]:
+        """Bytes the last call copied host -> device (`h2d`) and device -> host (`d2h`): with the engine
+        on the GPU, the inputs and the outputs alone; with it on the CPU, also everything it reads and makes."""
+        return dict(self._copied)
 
     # -- facts -----------------------------------------------------------------------------------
     @property
@@ -325,24 +358,39 @@ class Pipeline:
         """Device allocations made so far; load makes them all, calls add none."""
         return self.gpu.allocations
 
-    @property
-    def engine_on_device(self) -> bool:
-        return any(p.where == "device" and any(self.layout.step(s).kind == "segment" for s in p.steps)
-                   for p in self.phases)
+    def describe(self) -> dict[str, Any]:
+        """What runs where, for `run` and `bench`: this GPU, each kernel's code, the engines."""
+        return {"bundle": self.layout.name, "digest": self.layout.digest, "device": self.gpu.name, "sm": self.gpu.sm,
+                "kernels": dict(self.code), "graphs": self.graphs,
+                "engine": ", ".join(dict.fromkeys(r.describe() for r in self._runners.values())) or "none",
+                "capture": self.capture_modes()}
+
+    def capture_modes(self) -> str:
+        """How the device phases were captured: 'whole' (one graph with the engine in it), 'split'
+        (graphs around an engine that cannot be captured, which runs through its own graph where it
+        has one), 'split_plain' (the same, the engine run plainly), 'off', or a mix as 'whole, split'."""
+        modes = [p.mode for cache in self._prepared for p in cache.values()]
+        return ", ".join(dict.fromkeys(modes)) or "none"
+
+    def _bucket_phases(self, batch: int) -> list[PreparedPhase]:
+        """The prepared device phases a call at this batch runs (its bucket's, at the max shapes)."""
+        bucket = self.layout.bucket_for(batch)
+        out = []
+        for i, phase in enumerate(self.phases):
+            keys = [k for k in self._prepared[i] if k[0] == bucket] if phase.where == "device" else []
+            out += [self._prepared[i][keys[-1]]] if keys else []
+        return out
 
     def launches_per_inference(self, batch: int) -> int:
         """Kernels launched per call at this batch (its bucket's), engine kernels not counted."""
-        bucket = self.layout.bucket_for(batch)
-        total = 0
-        for i, phase in enumerate(self.phases):
-            if phase.where == "device":
-                keys = [k for k in self._prepared[i] if k[0] == bucket]
-                total += self._prepared[i][keys[-1]].kernel_launches if keys else 0
-        return total
+        return sum(p.kernel_launches for p in self._bucket_phases(batch))
 
-    def graph_launches_per_inference(self) -> int:
-        """CUDA graph launches per call: one per device phase (0 without graphs)."""
-        return sum(p.where == "device" for p in self.phases) if self.graphs else 0
+    def graph_launches_per_inference(self, batch: int | None = None) -> int:
+        """CUDA graph launches per call: one per device phase captured whole, one per run of kernels
+        between engines for a phase captured split, 0 without graphs."""
+        if not self.graphs:
+            return 0
+        return sum(p.graph_launches for p in self._bucket_phases(batch or self.buckets[0]))
 
     # -- closing ---------------------------------------------------------------------------------
     def close(self) -> None:

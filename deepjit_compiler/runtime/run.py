@@ -22,10 +22,11 @@ import numpy as np
 
 from ..bundle.folder import read_bundle
 from ..bundle.view import InputView
-from ..errors import RuntimeInputError
+from ..errors import MissingDependency, RuntimeInputError
 from ..files import atomic_write
 from ..jit.contracts import image_channels
 from ..surgery.references import letterbox_numpy
+from .cpu import CpuPipeline
 from .images import IMAGE_SUFFIXES, read_image
 from .layout import Layout
 from .pipeline import Pipeline
@@ -237,33 +238,49 @@ def _write_json(path: Path, data: Any) -> None:
     atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
-def _describe(pipe) -> dict[str, Any]:
-    return {"bundle": pipe.layout.name, "digest": pipe.layout.digest, "device": pipe.gpu.name, "sm": pipe.gpu.sm,
-            "kernels": dict(pipe.code), "graphs": pipe.graphs,
-            "engine": "gpu" if pipe.engine_on_device else "cpu (ONNX Runtime)"}
+DEVICES = ("gpu", "cpu")
+
+
+def load_pipeline(bundle, device: str = "gpu", *, prefer: str = "auto", graphs: bool = True) -> Pipeline | CpuPipeline:
+    """The bundle loaded on GPU 0 (`gpu`), or on ONNX Runtime's CPU provider (`cpu`: its segments and
+    its kernels' ONNX references). Without a GPU, the error says how to run on the CPU instead."""
+    if device not in DEVICES:
+        raise RuntimeInputError(f"--device must be one of {', '.join(DEVICES)}, got '{device}'")
+    if device == "cpu":
+        return CpuPipeline.load(bundle)
+    try:
+        return Pipeline.load(bundle, prefer=prefer, graphs=graphs)
+    except MissingDependency as e:
+        raise MissingDependency(f"{e}: run the bundle on the CPU instead with --device cpu (its ONNX segments and "
+                                "its kernels' ONNX references on ONNX Runtime)") from None
+
+
+def _where(result: dict[str, Any]) -> str:
+    sm = f" (sm_{result['sm']})" if result.get("sm") else ""
+    graphs = f"graphs {result['capture']}" if result["graphs"] else "graphs off"
+    return f"{result['bundle']} on {result['device']}{sm}, engine {result['engine']}, {graphs}"
 
 
 # ----------------------------------------------------------------------------- run
 def run_bundle(bundle, inputs: Sequence[str | Path], out: Path | None = None, *, prefer: str = "auto",
-               graphs: bool = True) -> dict[str, Any]:
-    """`deepjit run`: every input through the pipeline (batched up to its max batch); detections
-    per image, written to `out` as JSON when given."""
+               graphs: bool = True, device: str = "gpu") -> dict[str, Any]:
+    """`deepjit run`: every input through the pipeline (batched up to its max batch) on `device`;
+    detections per image, written to `out` as JSON when given."""
     bundle = read_bundle(bundle)
     samples = load_samples(inputs, Layout.from_bundle(bundle))
     records = []
-    with Pipeline.load(bundle, prefer=prefer, graphs=graphs) as pipe:
+    with load_pipeline(bundle, device, prefer=prefer, graphs=graphs) as pipe:
         for group in batches(samples, pipe.max_batch):
             outputs = pipe(stack(group))
             records += [result_of(outputs, i, s, pipe.layout) for i, s in enumerate(group)]
-        result = {**_describe(pipe), "results": records, "out": str(out) if out else None}
+        result = {**pipe.describe(), "results": records, "out": str(out) if out else None}
     if out is not None:
         _write_json(Path(out), result)
     return result
 
 
 def format_run(result: dict[str, Any]) -> str:
-    lines = [f"{result['bundle']} on {result['device']} (sm_{result['sm']}), engine {result['engine']}, "
-             f"graphs {'on' if result['graphs'] else 'off'}"]
+    lines = [_where(result)]
     for r in result["results"]:
         if "detections" not in r:
             lines.append(f"  {r['source']}: " + ", ".join(f"{k} {v['shape']}" for k, v in r["outputs"].items()))
@@ -302,9 +319,10 @@ def check_batches(batches_: Sequence[int], layout: Layout) -> list[int]:
 
 
 def bench_bundle(bundle, batches: Sequence[int] | None = None, graphs: bool = True, warmup: int = 10,
-                 iters: int = 100, *, prefer: str = "auto", seed: int = 0) -> dict[str, Any]:
+                 iters: int = 100, *, prefer: str = "auto", seed: int = 0, device: str = "gpu") -> dict[str, Any]:
     """`deepjit bench`: per batch, `warmup` calls then `iters` timed ones on seeded inputs: latency
-    percentiles (µs) of the whole call and of its GPU part (CUDA events), throughput, launches."""
+    percentiles (µs) of the whole call and of its GPU part (CUDA events; none on the CPU),
+    throughput, launches, bytes copied between host and device per call."""
     if warmup < 0 or iters < 1:
         raise RuntimeInputError(f"bench needs warmup >= 0 and iters >= 1, got {warmup} and {iters}")
     bundle = read_bundle(bundle)
@@ -312,7 +330,7 @@ def bench_bundle(bundle, batches: Sequence[int] | None = None, graphs: bool = Tr
     todo = check_batches(batches or layout.buckets, layout)
     rng = np.random.default_rng(seed)
     rows = []
-    with Pipeline.load(bundle, prefer=prefer, graphs=graphs) as pipe:
+    with load_pipeline(bundle, device, prefer=prefer, graphs=graphs) as pipe:
         for b in todo:
             feeds = random_feeds(layout, b, rng)
             for _ in range(warmup):
@@ -323,31 +341,33 @@ def bench_bundle(bundle, batches: Sequence[int] | None = None, graphs: bool = Tr
                 pipe(feeds)
                 call.append((time.perf_counter() - t0) * 1e6)
                 timing = pipe.last_timing()
-                gpu.append(timing["gpu_ms"] * 1e3)
-                kernels.append(timing["kernels_ms"] * 1e3)
+                if timing:
+                    gpu.append(timing["gpu_ms"] * 1e3)
+                    kernels.append(timing["kernels_ms"] * 1e3)
             rows.append({"batch": b, "bucket": layout.bucket_for(b), "call_us": percentiles(call),
-                         "gpu_us": percentiles(gpu), "kernels_us": percentiles(kernels),
+                         "gpu_us": percentiles(gpu) if gpu else None,
+                         "kernels_us": percentiles(kernels) if kernels else None,
                          "throughput_img_s": b * 1e6 / float(np.mean(call)),
                          "kernel_launches": pipe.launches_per_inference(b),
-                         "graph_launches": pipe.graph_launches_per_inference()})
+                         "graph_launches": pipe.graph_launches_per_inference(b), "copied_bytes": pipe.last_copies()})
             log.info("batch %d: p50 %.0f µs per call, %.0f img/s", b, rows[-1]["call_us"]["p50"],
                      rows[-1]["throughput_img_s"])
-        return {**_describe(pipe), "warmup": warmup, "iters": iters, "seed": seed, "results": rows}
+        return {**pipe.describe(), "warmup": warmup, "iters": iters, "seed": seed, "results": rows}
 
 
 def format_bench(result: dict[str, Any]) -> str:
-    head = (f"{result['bundle']} on {result['device']} (sm_{result['sm']}), engine {result['engine']}, "
-            f"graphs {'on' if result['graphs'] else 'off'}, {result['iters']} iterations after {result['warmup']} "
-            "warm-up\n")
+    head = f"{_where(result)}, {result['iters']} iterations after {result['warmup']} warm-up\n"
     cols = ("batch", "bucket", "call p50", "p95", "p99", "gpu p50", "p95", "p99", "kernels p50", "img/s",
-            "launches", "graphs")
+            "launches", "graphs", "h2d B", "d2h B")
     rows = [cols]
     for r in result["results"]:
-        c, g, k = r["call_us"], r["gpu_us"], r["kernels_us"]
-        rows.append((str(r["batch"]), str(r["bucket"]), *(f"{c[p]:.0f}" for p in ("p50", "p95", "p99")),
-                     *(f"{g[p]:.0f}" for p in ("p50", "p95", "p99")), f"{k['p50']:.1f}",
-                     f"{r['throughput_img_s']:.1f}", str(r["kernel_launches"]), str(r["graph_launches"])))
+        c, g, k, copied = r["call_us"], r["gpu_us"], r["kernels_us"], r["copied_bytes"]
+        gpu = [f"{g[p]:.0f}" for p in ("p50", "p95", "p99")] if g else ["-"] * 3
+        rows.append((str(r["batch"]), str(r["bucket"]), *(f"{c[p]:.0f}" for p in ("p50", "p95", "p99")), *gpu,
+                     f"{k['p50']:.1f}" if k else "-", f"{r['throughput_img_s']:.1f}", str(r["kernel_launches"]),
+                     str(r["graph_launches"]), str(copied["h2d"]), str(copied["d2h"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
     return head + "\n".join(lines) + "\n(latencies in µs; gpu = copies + kernels from CUDA events; launches = " \
-                                     "kernels per inference, graphs = graph launches per inference)"
+                                     "kernels per inference, graphs = graph launches per inference; h2d/d2h = " \
+                                     "bytes copied between host and device per call)"

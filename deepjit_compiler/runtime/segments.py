@@ -1,7 +1,7 @@
 """Which runner runs a bundle's engine segment: TensorRT on the GPU when the bundle has a plan and
-TensorRT imports (its enqueue goes into the CUDA graph), else ONNX Runtime on the segment's ONNX,
-on host arrays between device phases (on its CUDA provider when onnxruntime-gpu is installed, still
-host arrays in and out)."""
+TensorRT imports, else ONNX Runtime on the segment's ONNX: with onnxruntime-gpu on its CUDA
+provider, over the runtime's own device buffers and stream (IO binding), else on the CPU between
+device phases."""
 from __future__ import annotations
 
 import logging
@@ -34,4 +34,5 @@ def engine_runner(bundle: BundleView, layout: Layout, step: StepInfo):
     if plans:
         log.warning("segment %s: TensorRT is not importable; running its ONNX on ONNX Runtime", step.name)
     artifact = EngineArtifact("onnxruntime", step.name, {onnx_files[0]: bundle.file(onnx_files[0]).read_bytes()})
-    return runner_for(artifact, name=f"ort:{step.name}"), False
+    runner = runner_for(artifact, name=f"ort:{step.name}", tf32=bool(layout.engine.settings.get("tf32", False)))
+    return runner, runner.device == "cuda"

@@ -26,6 +26,8 @@ def end_to_end_level(bundle: BundleView, models: Mapping[str, onnx.ModelProto], 
         result = compare_runs("end_to_end", onnxrt_runner(reference, "reference"), FunctionRunner(pipeline, "deepjit"),
                               feeds, tol, detections=bundle.detections, detection_params=tol.detections.model_dump(),
                               report_dir=report_dir)
-    why = "the pipeline on this GPU (CUDA graphs) against ONNX Runtime on the original model"
+        about = pipeline.describe()
+    why = (f"the pipeline on {about['device']} (engine {about['engine']}, CUDA graphs {about['capture']}) against "
+           "ONNX Runtime on the original model")
     return LevelResult(result.level, result.status, why + (" (lossy precision: precision tolerances)" if lossy else ""),
                        result.outputs)

@@ -171,10 +171,12 @@ class FakeGpu(CountingGpu):
 
     def capture(self, body):
         self._capturing = []
-        body()
-        graph, self._capturing = FakeGraph(self, self._capturing), None
+        try:
+            body()
+        finally:
+            launches, self._capturing = self._capturing, None
         self.log.append(("capture",))
-        return graph
+        return FakeGraph(self, launches)
 
     @staticmethod
     def event():
@@ -439,6 +441,65 @@ def test_a_call_is_copies_in_one_replay_copies_out_one_sync(t4_bundle, fake, cap
         assert pipe.launches_per_inference(3) == 2 and pipe.graph_launches_per_inference() == 1
 
 
+class DeviceEngine:
+    """An engine on the fake device, like ONNX Runtime's CUDA provider seen from outside: enqueue runs
+    the segment over the runtime's (host-memory) device buffers, and fails under stream capture."""
+
+    own_graphs = False
+
+    def __init__(self, gpu, path: Path):
+        self.gpu, self.sess = gpu, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    def activate(self):
+        pass
+
+    def deactivate(self):
+        pass
+
+    def describe(self) -> str:
+        return "fake device engine"
+
+    def output_shapes(self, shapes):
+        return {}
+
+    def infer(self, feed):
+        return dict(zip([o.name for o in self.sess.get_outputs()], self.sess.run(None, feed)))
+
+    def enqueue(self, stream, bindings, shapes):
+        if self.gpu._capturing is not None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        feed = {i.name: np.frombuffer((ctypes.c_uint8 * (4 * math.prod(shapes[i.name]))).from_address(
+            bindings[i.name]), np.float32).reshape(shapes[i.name]) for i in self.sess.get_inputs()}
+        for name, value in self.infer(feed).items():
+            write_at(bindings[name], value)
+        self.gpu.log.append(("engine", tuple(shapes[self.sess.get_inputs()[0].name])))
+
+
+def test_an_engine_that_cannot_be_captured_runs_between_the_kernels_graphs(t4_bundle, fake, monkeypatch, caplog):
+    """Whole-phase capture fails on the engine: the kernels after it are captured on their own and the
+    engine runs plainly before their replay, on the same stream; only the inputs and outputs cross."""
+    caplog.set_level(logging.INFO, "deepjit.runtime")
+    monkeypatch.setattr(runtime, "engine_runner", lambda bundle, layout, step: (
+        DeviceEngine(fake.made[-1], bundle.file(step.file)), True))
+    with Pipeline.load(t4_bundle) as pipe:
+        gpu = fake.made[0]
+        assert [p.where for p in pipe.phases] == ["device"] and pipe.capture_modes() == "split"
+        assert "cannot be captured in the kernels' graph (operation not permitted" in caplog.text
+        assert pipe.describe()["engine"] == "fake device engine"
+        x = images(np.random.default_rng(12), 3)
+        mark = len(gpu.log)
+        out = pipe({"images": x})
+        events = [e for e in _since(gpu.log, mark) if e[0] in ("engine", "replay", "h2d", "d2h", "sync")]
+        assert [e[0] for e in events] == ["h2d", "engine", "replay", "d2h", "d2h", "d2h", "d2h", "sync"]
+        assert events[1] == ("engine", (4, 3, 640, 640))  # bucket 4
+        assert pipe.last_copies() == {"h2d": x.nbytes, "d2h": sum(v.nbytes for v in out.values())}
+        for name, want in segment_heads(t4_bundle, x).items():  # the engine wrote the runtime's own buffers
+            np.testing.assert_array_equal(pipe.read(name)[:3], want)
+        assert pipe.graph_launches_per_inference(3) == 1 and pipe.launches_per_inference(3) == 2
+        with pytest.raises(KernelError, match="'nope' is not a device tensor of the last call"):
+            pipe.read("nope")
+
+
 def test_graph_holds_the_buckets_launch_geometry(t4_bundle, fake):
     with Pipeline.load(t4_bundle) as pipe:
         gpu = fake.made[0]
@@ -614,6 +675,52 @@ def test_png_through_pillow(tmp_path, lb_bundle):
     (s,) = runbundle.load_samples([tmp_path / "p.png"], Layout.from_bundle(read_bundle(lb_bundle)))
     np.testing.assert_array_equal(s.feed["raw_images"][0], rgb[..., ::-1])  # BGR in: the kernel swaps to RGB
     assert s.size == (40, 50) and s.ratio_pad is None                         # mapped by the pipeline's ratio_pad
+
+
+def bundle_steps_on_onnxruntime(bundle: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The bundle's steps from its manifest (segment ONNX, kernel references), each on ONNX Runtime,
+    graph optimizations off (its fusions reorder the fp16 segment's math: a borderline box flips)."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    env = dict(feed)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for step in manifest["plan"]["steps"]:
+        sess = ort.InferenceSession(str(bundle / (step.get("file") or step["reference"])), opts,
+                                    providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        env.update(zip(names, sess.run(names, {i.name: env[i.name] for i in sess.get_inputs()})))
+    return {t["name"]: env[t["name"]] for t in manifest["plan"]["outputs"]}
+
+
+def test_run_and_bench_on_the_cpu(tmp_path, t4_bundle):
+    """`--device cpu`: the bundle's segments and kernel references on ONNX Runtime, no GPU needed."""
+    from conftest import run_cli
+
+    x = images(np.random.default_rng(13), 2)
+    np.save(tmp_path / "x.npy", x)
+    done = run_cli("run", str(t4_bundle), "-i", str(tmp_path / "x.npy"), "--device", "cpu", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["engine"].startswith("cpu (ONNX Runtime") and result["graphs"] is False
+    assert set(result["kernels"].values()) == {"onnx reference"}
+    want = bundle_steps_on_onnxruntime(t4_bundle, {"images": x})
+    assert [r["num_dets"] for r in result["results"]] == want["num_dets"].tolist() and want["num_dets"].min() > 0
+    for r, boxes in zip(result["results"], want["boxes"]):
+        np.testing.assert_allclose([d["box"] for d in r["detections"]], boxes[:r["num_dets"]], atol=1e-3)
+    bench = runbundle.bench_bundle(t4_bundle, [1], warmup=0, iters=2, device="cpu")
+    (row,) = bench["results"]
+    assert row["gpu_us"] is None and row["copied_bytes"] == {"h2d": 0, "d2h": 0} and row["kernel_launches"] == 0
+    assert "engine cpu (ONNX Runtime" in runbundle.format_bench(bench)
+    with pytest.raises(RuntimeInputError, match="--device must be one of gpu, cpu, got 'tpu'"):
+        runbundle.run_bundle(t4_bundle, [tmp_path / "x.npy"], device="tpu")
+
+
+def test_without_a_gpu_run_says_how_to_run_on_the_cpu(t4_bundle, tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime.Gpu, "__init__", lambda self, ordinal=0: (_ for _ in ()).throw(
+        MissingDependency("no NVIDIA GPU or driver is available here")))
+    np.save(tmp_path / "x.npy", images(np.random.default_rng(14), 1))
+    with pytest.raises(MissingDependency, match="no NVIDIA GPU.*instead with --device cpu"):
+        runbundle.run_bundle(t4_bundle, [tmp_path / "x.npy"])
 
 
 def test_run_bundle_writes_detections_in_image_pixels(tmp_path, t4_bundle, fake):

@@ -218,6 +218,54 @@ def test_letterbox_pipeline_matches_its_references(bundles):
         assert pipe.allocations == allocations
 
 
+# ----------------------------------------------------------------------------- the engine on CUDA
+def needs_cuda_engine():
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is not installed: the engine runs on the CPU (the other tests cover that)")
+
+
+# fp32 with TF32 off: what the CPU provider computes, to float32 noise; fp16: a GPU multiplies in fp16,
+# the CPU provider runs fp16 Convs in fp32 (boxes in pixels, class logits).
+@pytest.mark.parametrize("name, atol, rtol", [("yolov8n_lb", 2e-3, 1e-3), ("yolov8n_native", 0.25, 2e-2)])
+def test_cuda_engine_segment_outputs_equal_the_cpu_provider(bundles, name, atol, rtol):
+    """The CUDA path's own buffers and stream: what the engine wrote into the runtime's device buffers
+    equals ONNX Runtime's CPU provider on the same segment and the same device-made inputs."""
+    from deepjit_compiler.runtime.pipeline import Pipeline
+
+    needs_cuda_engine()
+    n = 3
+    rng = np.random.default_rng(60)
+    with Pipeline.load(bundles[name]) as pipe:
+        about = pipe.describe()
+        assert about["engine"].startswith("cuda (ONNX Runtime") and "tf32 off" in about["engine"], about
+        feed = {i.name: (rng.integers(0, 256, (n, 480, 640, 3), dtype=np.uint8) if i.dtype == "uint8"
+                         else images(61, n)) for i in pipe.inputs}
+        out = pipe(feed)
+        step = next(s for s in pipe.layout.steps if s.kind == "segment")
+        seg_in = {t.name: pipe.read(t.name)[:n] for t in step.inputs}
+        seg_out = {t.name: pipe.read(t.name)[:n] for t in step.outputs}
+        copies = pipe.last_copies()
+    # one copy of each input in and of each output out: nothing crosses between engine and kernels
+    assert copies == {"h2d": sum(v.nbytes for v in feed.values()), "d2h": sum(v.nbytes for v in out.values())}
+    sess = ort.InferenceSession(str(bundles[name] / step.file), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, seg_in)))
+    for k, v in want.items():
+        diff = float(np.abs(seg_out[k].astype(np.float64) - v).max())
+        np.testing.assert_allclose(seg_out[k], v, atol=atol, rtol=rtol,
+                                   err_msg=f"{name}: segment output {k}: max abs diff {diff}")
+
+
+def test_bench_says_the_engine_runs_on_cuda(bundles):
+    from deepjit_compiler.runtime.run import bench_bundle, format_bench
+
+    needs_cuda_engine()
+    result = bench_bundle(bundles["yolov8n_lb"], [1], warmup=2, iters=5)
+    assert "engine cuda (ONNX Runtime" in format_bench(result)
+    assert result["capture"] in ("whole", "split"), result["capture"]
+    (row,) = result["results"]
+    assert row["copied_bytes"]["h2d"] == 480 * 640 * 3  # the one raw image at the profile's opt size
+
+
 def test_pinned_staging_round_trip(gpu):
     from deepjit_compiler.runtime.hostmem import PinnedBuffer, d2h_async, h2d_async
 
