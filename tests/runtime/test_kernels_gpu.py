@@ -19,9 +19,9 @@ import onnx.compose
 import pytest
 
 from deepjit_compiler.errors import KernelError
+from deepjit_compiler.jit.contracts import load_contract
 from deepjit_compiler.jit.nvrtc import compile_site_kernel
 from deepjit_compiler.runtime import gpu as gpu_mod
-from deepjit_compiler.jit.contracts import load_contract
 from deepjit_compiler.runtime.launch import ContractKernel, KernelChain
 from deepjit_compiler.runtime.layout import site_aliases
 from deepjit_compiler.surgery.references import letterbox_reference, nms_reference

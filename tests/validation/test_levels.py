@@ -14,7 +14,6 @@ from deepjit_compiler.errors import MissingDependency
 from deepjit_compiler.jit.contracts import declared_detections
 from deepjit_compiler.spec.load import load_spec
 from deepjit_compiler.surgery.cut import plan_from_model
-from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
 from deepjit_compiler.validation import gpu as gpu_levels_mod
 from deepjit_compiler.validation.data import feeds_for
 from deepjit_compiler.validation.engine import engine_level
