@@ -16,10 +16,14 @@ from .materialize import materialize_bundle
 from .model.synth import write_synthetic
 from .report import inspect_target, print_build
 from .runtime.run import bench_bundle, format_bench, format_run, run_bundle
+from .runtime.segments import ENGINE_CHOICES
 from .spec.load import json_schema
 from .validation.gpu import validate_bundle
 
 EXISTING = click.Path(exists=True, path_type=Path)
+ENGINE = click.option("--engine", type=click.Choice(ENGINE_CHOICES), default="auto", show_default=True,
+                      help="How segments run: auto (a plan where one runs here, else ONNX Runtime with a warning), "
+                           "plan (a plan or exit 2 with why not), onnxruntime.")
 
 
 def _emit_json(obj) -> None:
@@ -90,10 +94,11 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 @click.option("--out", type=click.Path(path_type=Path), help="Write the detections as JSON here.")
 @click.option("--prefer", type=click.Choice(["auto", "cubin", "ptx"]), default="auto", show_default=True)
 @click.option("--no-graph", is_flag=True, help="Plain kernel launches instead of CUDA graph replay.")
+@ENGINE
 @click.option("--json", "as_json", is_flag=True)
-def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
+def run(bundle: Path, inputs, out, prefer, no_graph, engine, as_json) -> None:
     """Run BUNDLE on images or tensors on this GPU; boxes are mapped back to the original images."""
-    result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph)
+    result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph, engine=engine)
     _emit_json(result) if as_json else click.echo(format_run(result))
 
 
@@ -104,23 +109,26 @@ def run(bundle: Path, inputs, out, prefer, no_graph, as_json) -> None:
 @click.option("--warmup", type=int, default=10, show_default=True)
 @click.option("--iters", type=int, default=100, show_default=True)
 @click.option("--prefer", type=click.Choice(["auto", "cubin", "ptx"]), default="auto", show_default=True)
+@ENGINE
 @click.option("--json", "as_json", is_flag=True)
-def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, as_json) -> None:
+def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, engine, as_json) -> None:
     """Latency p50/p95/p99 (whole call and GPU part), throughput and launches per inference."""
     try:
         sizes = [int(b) for b in batches.split(",")] if batches else None
     except ValueError:
         raise click.BadParameter(f"{batches!r}: give batch sizes like 1,8,32", param_hint="--batch") from None
-    result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer)
+    result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer, engine=engine)
     _emit_json(result) if as_json else click.echo(format_bench(result))
 
 
 @cli.command()
 @click.argument("bundle", type=EXISTING)
+@ENGINE
 @click.option("--json", "as_json", is_flag=True)
-def validate(bundle: Path, as_json: bool) -> None:
-    """Re-run the validation levels this machine can run (kernels, end_to_end on a GPU) and record them."""
-    updated, levels = validate_bundle(bundle)
+def validate(bundle: Path, engine: str, as_json: bool) -> None:
+    """Re-run the validation levels this machine can run (kernels, end_to_end and the plans' engine level on
+    a GPU) and record them."""
+    updated, levels = validate_bundle(bundle, engine=engine)
     record = updated.manifest["validation"]
     if as_json:
         _emit_json(record)
@@ -135,7 +143,8 @@ def validate(bundle: Path, as_json: bool) -> None:
 @click.argument("bundle", type=EXISTING)
 @click.option("--timing-cache", type=click.Path(path_type=Path), help="TensorRT timing cache to load and save.")
 def materialize(bundle: Path, timing_cache: Path | None) -> None:
-    """Build BUNDLE's deferred TensorRT plans on this (target) GPU, check and record them."""
+    """Build TensorRT plans of BUNDLE's segments on this (target) GPU (deferred ones, or beside its
+    TensorRT-RTX plans), check and record them."""
     info, report = materialize_bundle(bundle, timing_cache=timing_cache)
     click.echo(f"materialized {info.path} ({info.digest})")
     if not report.passed:

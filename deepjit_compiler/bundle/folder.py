@@ -348,6 +348,22 @@ def _entries(value: Any) -> list[Any]:
     return _summary(list(value)) if isinstance(value, list) else []
 
 
+def engine_summary(b: BundleView) -> dict[str, Any]:
+    """How the bundle's segments run: the backend decision and why, and each segment's ONNX and plans
+    (flavour, library version, compute capabilities, size, network layers, I/O tensors)."""
+    e = b.engine
+    segments = {}
+    for name in dict.fromkeys([*e.segments, *e.plans]):
+        plans = [{"file": p.file, "flavour": p.flavour, "library": p.library, "version": p.version,
+                  "compute_capabilities": list(p.compute_capabilities),
+                  "size": (b.files.get(p.file) or {}).get("size"), "network_layers": p.network_layers,
+                  "inputs": [dict(t) for t in p.inputs], "outputs": [dict(t) for t in p.outputs],
+                  "profiles": dict(p.profiles)} for p in e.plans.get(name, ())]
+        segments[name] = {"onnx": list(e.segments.get(name, ())), "plans": plans}
+    return {"backend": e.backend, "deferred": e.deferred, "reason": e.reason, "precision": e.precision,
+            "segments": segments}
+
+
 def describe(bundle: BundleView | Path) -> dict[str, Any]:
     """A JSON-ready summary for `deepjit inspect BUNDLE`: name, digest, target, toolchain, spec and
     model hashes, files (path, size, sha256), kernels, engines and validation level statuses."""
@@ -369,6 +385,7 @@ def describe(bundle: BundleView | Path) -> dict[str, Any]:
         "total_size": sum(f["size"] for f in files),
         "kernels": _entries(m.get("kernels")),
         "engines": _entries(m.get("engines")),
+        "engine": engine_summary(b),
         "validation": {lvl: rec.get("status", "unknown") if isinstance(rec, dict) else "unknown"
                        for lvl, rec in sorted(levels.items())},
     }

@@ -245,13 +245,13 @@ def _describe(pipe) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- run
 def run_bundle(bundle, inputs: Sequence[str | Path], out: Path | None = None, *, prefer: str = "auto",
-               graphs: bool = True) -> dict[str, Any]:
+               graphs: bool = True, engine: str = "auto") -> dict[str, Any]:
     """`deepjit run`: every input through the pipeline (batched up to its max batch); detections
     per image, written to `out` as JSON when given."""
     bundle = read_bundle(bundle)
     samples = load_samples(inputs, Layout.from_bundle(bundle))
     records = []
-    with Pipeline.load(bundle, prefer=prefer, graphs=graphs) as pipe:
+    with Pipeline.load(bundle, prefer=prefer, graphs=graphs, engine=engine) as pipe:
         for group in batches(samples, pipe.max_batch):
             outputs = pipe(stack(group))
             records += [result_of(outputs, i, s, pipe.layout) for i, s in enumerate(group)]
@@ -302,7 +302,7 @@ def check_batches(batches_: Sequence[int], layout: Layout) -> list[int]:
 
 
 def bench_bundle(bundle, batches: Sequence[int] | None = None, graphs: bool = True, warmup: int = 10,
-                 iters: int = 100, *, prefer: str = "auto", seed: int = 0) -> dict[str, Any]:
+                 iters: int = 100, *, prefer: str = "auto", seed: int = 0, engine: str = "auto") -> dict[str, Any]:
     """`deepjit bench`: per batch, `warmup` calls then `iters` timed ones on seeded inputs: latency
     percentiles (µs) of the whole call and of its GPU part (CUDA events), throughput, launches."""
     if warmup < 0 or iters < 1:
@@ -312,7 +312,7 @@ def bench_bundle(bundle, batches: Sequence[int] | None = None, graphs: bool = Tr
     todo = check_batches(batches or layout.buckets, layout)
     rng = np.random.default_rng(seed)
     rows = []
-    with Pipeline.load(bundle, prefer=prefer, graphs=graphs) as pipe:
+    with Pipeline.load(bundle, prefer=prefer, graphs=graphs, engine=engine) as pipe:
         for b in todo:
             feeds = random_feeds(layout, b, rng)
             for _ in range(warmup):
