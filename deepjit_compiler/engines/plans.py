@@ -19,6 +19,8 @@ import json
 import logging
 from pathlib import Path
 
+import polygraphy
+
 from .. import __version__, config
 from ..jit.cache import CacheStats, KernelCache, key_of
 from ..spec.targets import compute_capability
@@ -35,9 +37,11 @@ stats = CacheStats()  # the plan cache's hits and misses (a test asserts a rebui
 
 def plan_key(segment: bytes, settings: EngineSettings, flavour: Flavour, version: str,
              build_sm: int | None = None) -> str:
-    """What a plan is a function of. A TensorRT plan also depends on the GPU it was built (and timed) on."""
+    """What a plan is a function of (Polygraphy sets up the builder config, so its version too). A
+    TensorRT plan also depends on the GPU it was built (and timed) on."""
     return key_of({"kind": "plan", "format": PLAN_CACHE_FORMAT, "deepjit": __version__, "flavour": flavour.name,
-                   "version": version, "segment": hashlib.sha256(segment).hexdigest(),
+                   "version": version, "polygraphy": polygraphy.__version__,
+                   "segment": hashlib.sha256(segment).hexdigest(),
                    "settings": deferred_settings(settings),
                    "build_sm": None if flavour.ahead_of_time else build_sm})
 

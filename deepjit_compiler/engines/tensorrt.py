@@ -176,8 +176,9 @@ def build_plan(segment_path: str | Path, settings: EngineSettings, flavour: Flav
     module = flavour.module
     version = module.__version__  # raises MissingDependency without the library
     if polygraphy_config.USE_TENSORRT_RTX != flavour.polygraphy_rtx:
-        raise EngineError(f"internal: Polygraphy drives {'TensorRT-RTX' if polygraphy_config.USE_TENSORRT_RTX else 'TensorRT'}"
-                          f" in this process, not {flavour.title} (build plans through engines.worker)")
+        driven = "TensorRT-RTX" if polygraphy_config.USE_TENSORRT_RTX else "TensorRT"
+        raise EngineError(f"internal: Polygraphy drives {driven} in this process, not {flavour.title} (build plans "
+                          "through engines.worker)")
     path = Path(segment_path)
     name = segment_name or path.stem
     cache = None

@@ -30,7 +30,8 @@ def test_an_h200_runs_the_onnx_and_says_why(t4, caplog):
     view, layout, step = t4
     plan, refused = runnable_plan(view.engine, step.name, 90)
     assert plan is None and len(refused) == 1
-    assert "built for compute capability 7.5 and this GPU is 9.0 (sm_90): TensorRT-RTX does not support 9.0" in refused[0]
+    assert "built for compute capability 7.5 and this GPU is 9.0 (sm_90): TensorRT-RTX does not support 9.0" \
+        in refused[0]
     with caplog.at_level(logging.WARNING, logger="deepjit.runtime"):
         runner, on_device = engine_runner(view, layout, step, device_sm=90)
     try:
