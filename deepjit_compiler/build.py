@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ class BuildResult:
     times: StageTimes = field(default_factory=StageTimes)
     report: GateReport = field(default_factory=GateReport)
     decision: Any = None
+    artifacts: list = field(default_factory=list)
     kernels: dict[str, list] = field(default_factory=dict)
     bundle: Any = None
     published: Any = None
@@ -63,9 +65,12 @@ class BuildResult:
             "model": {"path": str(self.model.path), "sha256": self.model.sha256, "synthesized": self.model.synthesized},
             "target": {"gpu": s.target.gpu, "sm": s.target.resolved_sm},
             "plan": self.plan.summary() if self.plan is not None else None,
-            "engine": None if self.decision is None else {"backend": self.decision.backend,
-                                                          "deferred": self.decision.deferred,
-                                                          "reason": self.decision.reason},
+            "engine": None if self.decision is None else {
+                "backend": self.decision.backend, "deferred": self.decision.deferred, "reason": self.decision.reason,
+                # with what the manifest leaves out: how long each plan took to build
+                "plans": [{"segment": a.segment_name, **a.plan.to_record(), "size": a.plan.size,
+                           "build_seconds": a.plan.build_seconds, "from_cache": a.plan.from_cache}
+                          for a in self.artifacts if a.plan is not None]},
             "kernels": {stage: [k.to_dict() | {"from_cache": k.from_cache} for k in ks]
                         for stage, ks in self.kernels.items()},
             "validation": self.report.to_record(),
@@ -124,13 +129,14 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     with times.stage("kernels"):
         result.kernels = compile_kernels(loaded, plan)
     settings = EngineSettings.from_spec(spec)
-    with times.stage("engines"):
+    with times.stage("engines"), tempfile.TemporaryDirectory(prefix="deepjit-engines-") as workdir:
         result.decision = decide(settings)
         result.notes.append(f"engine: {result.decision.backend}"
                             f"{' (deferred to the target)' if result.decision.deferred else ''}: {result.decision.reason}")
-        workdir = spec.bundle.path.parent / ".deepjit-work"
-        artifacts = [engine_from_segment(name, model, settings, result.decision, workdir=workdir,
-                                         timing_cache=spec.engine.timing_cache) for name, model in segments.items()]
+        result.artifacts = artifacts = [
+            engine_from_segment(name, model, settings, result.decision, workdir=workdir,
+                                timing_cache=spec.engine.timing_cache, cache_dir=spec.compile.cache_dir)
+            for name, model in segments.items()]
     report = report.with_levels(engine_level(result.decision, artifacts))
 
     files = bundle_files(loaded, resolved, plan, result.kernels, artifacts)

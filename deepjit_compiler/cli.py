@@ -16,10 +16,14 @@ from .materialize import materialize_bundle
 from .model.synth import write_synthetic
 from .report import inspect_target, print_build
 from .runtime.run import DEVICES, bench_bundle, format_bench, format_run, run_bundle
+from .runtime.segments import ENGINE_CHOICES
 from .spec.load import json_schema
 from .validation.gpu import validate_bundle
 
 EXISTING = click.Path(exists=True, path_type=Path)
+ENGINE = click.option("--engine", type=click.Choice(ENGINE_CHOICES), default="auto", show_default=True,
+                      help="How segments run: auto (a plan where one runs here, else ONNX Runtime with a warning), "
+                           "plan (a plan or exit 2 with why not), onnxruntime.")
 
 
 def _emit_json(obj) -> None:
@@ -92,10 +96,11 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 @click.option("--no-graph", is_flag=True, help="Plain kernel launches instead of CUDA graph replay.")
 @click.option("--device", type=click.Choice(DEVICES), default="gpu", show_default=True,
               help="cpu: the bundle's ONNX segments and its kernels' ONNX references on ONNX Runtime's CPU provider.")
+@ENGINE
 @click.option("--json", "as_json", is_flag=True)
-def run(bundle: Path, inputs, out, prefer, no_graph, device, as_json) -> None:
+def run(bundle: Path, inputs, out, prefer, no_graph, device, engine, as_json) -> None:
     """Run BUNDLE on images or tensors on this GPU (or the CPU); boxes are mapped back to the original images."""
-    result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph, device=device)
+    result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph, device=device, engine=engine)
     _emit_json(result) if as_json else click.echo(format_run(result))
 
 
@@ -108,24 +113,27 @@ def run(bundle: Path, inputs, out, prefer, no_graph, device, as_json) -> None:
 @click.option("--prefer", type=click.Choice(["auto", "cubin", "ptx"]), default="auto", show_default=True)
 @click.option("--device", type=click.Choice(DEVICES), default="gpu", show_default=True,
               help="cpu: the bundle's ONNX segments and its kernels' ONNX references on ONNX Runtime's CPU provider.")
+@ENGINE
 @click.option("--json", "as_json", is_flag=True)
-def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, device, as_json) -> None:
+def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, device, engine, as_json) -> None:
     """Latency p50/p95/p99 (whole call and GPU part), throughput, launches and host<->device bytes per call."""
     try:
         sizes = [int(b) for b in batches.split(",")] if batches else None
     except ValueError:
         raise click.BadParameter(f"{batches!r}: give batch sizes like 1,8,32", param_hint="--batch") from None
     result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer,
-                          device=device)
+                          device=device, engine=engine)
     _emit_json(result) if as_json else click.echo(format_bench(result))
 
 
 @cli.command()
 @click.argument("bundle", type=EXISTING)
+@ENGINE
 @click.option("--json", "as_json", is_flag=True)
-def validate(bundle: Path, as_json: bool) -> None:
-    """Re-run the validation levels this machine can run (kernels, end_to_end on a GPU) and record them."""
-    updated, levels = validate_bundle(bundle)
+def validate(bundle: Path, engine: str, as_json: bool) -> None:
+    """Re-run the validation levels this machine can run (kernels, end_to_end and the plans' engine level on
+    a GPU) and record them."""
+    updated, levels = validate_bundle(bundle, engine=engine)
     record = updated.manifest["validation"]
     if as_json:
         _emit_json(record)
@@ -140,7 +148,8 @@ def validate(bundle: Path, as_json: bool) -> None:
 @click.argument("bundle", type=EXISTING)
 @click.option("--timing-cache", type=click.Path(path_type=Path), help="TensorRT timing cache to load and save.")
 def materialize(bundle: Path, timing_cache: Path | None) -> None:
-    """Build BUNDLE's deferred TensorRT plans on this (target) GPU, check and record them."""
+    """Build TensorRT plans of BUNDLE's segments on this (target) GPU (deferred ones, or beside its
+    TensorRT-RTX plans), check and record them."""
     info, report = materialize_bundle(bundle, timing_cache=timing_cache)
     click.echo(f"materialized {info.path} ({info.digest})")
     if not report.passed:

@@ -20,6 +20,20 @@ def cache_key_file() -> Path:
     return Path(env) if env else Path(platformdirs.user_config_dir("deepjit")) / "cache.key"
 
 
+def plan_cache_dir() -> Path:
+    """Built TensorRT/TensorRT-RTX plans, by the digest of what built them: $DEEPJIT_CACHE_DIR/plans, else
+    the user cache dir's plans/ (the spec's compile.cache_dir, when given, holds them in its plans/)."""
+    env = os.environ.get("DEEPJIT_CACHE_DIR")
+    return (Path(env) if env else Path(platformdirs.user_cache_dir("deepjit"))) / "plans"
+
+
+def runtime_cache_dir() -> Path:
+    """TensorRT-RTX's runtime caches (the kernels it compiles for this GPU when it loads a plan), one
+    file per plan: $DEEPJIT_RUNTIME_CACHE_DIR, else the user cache dir's tensorrt-rtx-runtime/."""
+    env = os.environ.get("DEEPJIT_RUNTIME_CACHE_DIR")
+    return Path(env) if env else Path(platformdirs.user_cache_dir("deepjit")) / "tensorrt-rtx-runtime"
+
+
 def dump_dir() -> Path | None:
     """$DEEPJIT_DUMP_DIR: where rendered kernels and PTX are also written, for debugging."""
     env = os.environ.get("DEEPJIT_DUMP_DIR")

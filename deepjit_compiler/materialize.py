@@ -1,12 +1,15 @@
-"""`deepjit materialize BUNDLE`: build a bundle's deferred TensorRT plans on the target GPU, check
-them against ONNX Runtime on the same segments (the `engine` level), and record them with digests."""
+"""`deepjit materialize BUNDLE`: build TensorRT (10/11) plans of a bundle's segments on the target GPU,
+check them against ONNX Runtime on the same segments (the `engine` level), and record them with
+digests. For a deferred bundle these are its first plans; a bundle that carries TensorRT-RTX plans
+gets TensorRT plans beside them (the runtime prefers TensorRT where it imports)."""
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+from .bundle.contents import engine_path
 from .bundle.folder import BundleInfo, read_bundle, update_bundle
-from .engines import materialize
+from .engines import TENSORRT, materialize
 from .errors import BundleError
 from .validation.engine import plans_level
 from .validation.gate import GateReport
@@ -17,13 +20,27 @@ log = logging.getLogger("deepjit.materialize")
 def materialize_bundle(bundle_path: Path, *, timing_cache: Path | None = None) -> tuple[BundleInfo, GateReport]:
     view = read_bundle(bundle_path)
     engine = view.engine
-    if not engine.deferred:
-        raise BundleError(f"{bundle_path}: its engines are not deferred ({engine.backend}): nothing to materialize")
-    segments = {name: view.file(next(f for f in files if f.endswith(".onnx"))) for name, files in engine.segments.items()}
-    plans = materialize(segments, engine.settings, timing_cache=timing_cache)
-    report = GateReport.from_record(view.levels).with_levels(plans_level(view, view.spec(), plans))
-    files = {f"engines/{rel}": data for rel, data in plans.items()}
+    has_trt = {name for name, plans in engine.plans.items() if any(p.flavour == TENSORRT.name for p in plans)}
+    todo = {name: files for name, files in engine.segments.items() if name not in has_trt}
+    if not (engine.deferred or engine.plans):
+        raise BundleError(f"{bundle_path}: nothing to materialize: its segments run on {engine.backend} "
+                          f"(engine.backend {engine.backend})")
+    if not todo:
+        raise BundleError(f"{bundle_path}: nothing to materialize: every segment already has a TensorRT plan")
+    segments = {}
+    for name, files in todo.items():
+        onnx_files = [f for f in files if f.endswith(".onnx")]
+        if not onnx_files:
+            raise BundleError(f"{bundle_path}: segment '{name}' carries no ONNX to build a plan from")
+        segments[name] = view.file(onnx_files[0])
+    artifacts = materialize(segments, engine.settings, timing_cache=timing_cache)
+    report = GateReport.from_record(view.levels).with_levels(plans_level(view, view.spec(), artifacts))
+    files = {engine_path(a.plan.file): a.files[a.plan.file] for a in artifacts.values()}
+    plans = {name: [*(view.manifest["engine"].get("plans") or {}).get(name, ()),
+                    {**a.plan.to_record(), "file": engine_path(a.plan.file)}] for name, a in artifacts.items()}
     record = {**view.manifest["engine"], "deferred": False,
-              "plans": {name: [f"engines/{name}.plan"] for name in engine.segments}}
-    info = update_bundle(Path(bundle_path), files, {"engine": record, "validation": report.to_record()})
+              "plans": {**(view.manifest["engine"].get("plans") or {}), **plans}}
+    versions = {a.plan.library: a.plan.version for a in artifacts.values()}
+    info = update_bundle(Path(bundle_path), files, {"engine": record, "validation": report.to_record(),
+                                                    "toolchain": {**(view.manifest.get("toolchain") or {}), **versions}})
     return info, report

@@ -11,9 +11,17 @@ from rich.table import Table
 
 from .bundle.folder import read_bundle
 from .bundle.view import BundleView
+from .engines import TENSORRT, TENSORRT_RTX
+from .engines.tensorrt import parse_network
+from .errors import DeepJITError
+from .graph.serialize import model_bytes
 from .model.info import describe_model, load_model
+from .surgery.cut import plan_from_model
+from .surgery.plan import CutRequest
 from .surgery.suggest import format_suggestions
 from .surgery.suggest import suggest_cuts as find
+
+SHOWN_SUGGESTIONS = 5  # format_suggestions' default
 
 
 def _console(file=None) -> Console:
@@ -37,6 +45,11 @@ def print_build(result) -> None:
     out.print(steps)
     for line in d["notes"]:
         out.print(line)
+    for p in (d["engine"] or {}).get("plans", []):
+        made = "from the plan cache" if p["from_cache"] else f"built in {p['build_seconds']:.1f} s"
+        out.print(f"plan {p['segment']}: {p['flavour']} {p['version']} for compute capability "
+                  f"{', '.join(p['compute_capabilities'])}, {p['size'] / 1e6:.1f} MB, {p['network_layers']} network "
+                  f"layers, {made}")
     for stage, ks in d["kernels"].items():
         for k in ks:
             out.print(f"kernel {stage}/{k['contract']}: {k['arch']} cubin + {k['ptx_arch']} PTX, NVRTC {k['nvrtc_version']}"
@@ -78,9 +91,51 @@ def inspect_target(target: Path, *, suggest_cuts: bool = False) -> Inspection:
     text = _render_model(target, data)
     if suggest_cuts:
         found = find(model)
-        data["suggested_cuts"] = [s.to_dict() for s in found]
-        text += "\nsuggested cuts (the small-kernel wall, largest first):\n" + format_suggestions(found)
+        layers = wall_layers(model, found[:SHOWN_SUGGESTIONS])
+        counted = layers["cuts"] if layers else []  # the suggestions shown are counted
+        data["suggested_cuts"] = [s.to_dict() | ({"network_layers": counted[i]} if i < len(counted) else {})
+                                  for i, s in enumerate(found)]
+        data["network_layers"] = None if layers is None else {"parser": layers["parser"], "model": layers["model"]}
+        text += ("\nsuggested cuts (the small-kernel wall, largest first):\n"
+                 + format_suggestions(found, SHOWN_SUGGESTIONS, _layer_notes(layers)) + "\n" + _model_layers(layers))
     return Inspection(data, text)
+
+
+def wall_layers(model, suggestions) -> dict[str, Any] | None:
+    """The small-kernel wall in the builder's own terms: the network layers TensorRT's (else
+    TensorRT-RTX's) ONNX parser makes of the whole model, and of the engine segments left when each
+    suggested cut is made (fp32: a precision rewrite adds its casts). None without either parser."""
+    parser = next((f for f in (TENSORRT, TENSORRT_RTX) if f.importable()), None)
+    if parser is None:
+        return None
+    whole = parse_network(model_bytes(model), parser)["layers"]
+    cuts = []
+    for s in suggestions:
+        cut = CutRequest("wall", preset=s.preset) if s.preset else CutRequest("wall", inputs=s.inputs, outputs=s.outputs)
+        try:
+            segments = [st for st in plan_from_model(model, [cut]).steps if st.kind == "segment"]
+            left = sum(parse_network(model_bytes(st.model), parser, label=f"segment {st.name}")["layers"]
+                       for st in segments)
+        except DeepJITError as e:
+            cuts.append({"model": whole, "segments": None, "removed": None, "error": str(e)})
+            continue
+        cuts.append({"model": whole, "segments": left, "removed": whole - left})
+    return {"parser": f"{parser.module_name} {parser.version()}", "model": whole, "cuts": cuts}
+
+
+def _layer_notes(layers: dict[str, Any] | None) -> list[str]:
+    if layers is None:
+        return []
+    return [f"network layers: {c['model']} -> {c['segments']} ({c['removed']} fewer) with this cut"
+            if c["segments"] is not None else f"network layers: not counted ({c['error']})" for c in layers["cuts"]]
+
+
+def _model_layers(layers: dict[str, Any] | None) -> str:
+    if layers is None:
+        return ("network layers: not counted (no TensorRT or TensorRT-RTX ONNX parser is importable here; "
+                "install deepjit[tensorrt-rtx])")
+    return (f"network layers, as the {layers['parser']} ONNX parser makes them: the whole model {layers['model']}, "
+            "the engine segments left by each cut above (fp32; a precision rewrite adds its casts)")
 
 
 def _render_model(path: Path, d: dict[str, Any]) -> str:
@@ -104,7 +159,9 @@ def _render_bundle(d: dict[str, Any]) -> str:
     buf = io.StringIO()
     out = _console(buf)
     for key, value in d.items():
-        if isinstance(value, (dict, list)):
+        if key == "engine":
+            _render_engine(out, value)
+        elif isinstance(value, (dict, list)):
             out.print(f"[bold]{key}[/bold]:")
             out.print(value)
         else:
@@ -130,6 +187,22 @@ def _entries(value: Any) -> list[Any]:
     return _summary(list(value)) if isinstance(value, list) else []
 
 
+def engine_summary(b: BundleView) -> dict[str, Any]:
+    """How the bundle's segments run: the backend decision and why, and each segment's ONNX and plans
+    (flavour, library version, compute capabilities, size, network layers, I/O tensors)."""
+    e = b.engine
+    segments = {}
+    for name in dict.fromkeys([*e.segments, *e.plans]):
+        plans = [{"file": p.file, "flavour": p.flavour, "library": p.library, "version": p.version,
+                  "compute_capabilities": list(p.compute_capabilities),
+                  "size": (b.files.get(p.file) or {}).get("size"), "network_layers": p.network_layers,
+                  "inputs": [dict(t) for t in p.inputs], "outputs": [dict(t) for t in p.outputs],
+                  "profiles": dict(p.profiles)} for p in e.plans.get(name, ())]
+        segments[name] = {"onnx": list(e.segments.get(name, ())), "plans": plans}
+    return {"backend": e.backend, "deferred": e.deferred, "reason": e.reason, "precision": e.precision,
+            "segments": segments}
+
+
 def describe(bundle: BundleView | Path) -> dict[str, Any]:
     """A JSON-ready summary for `deepjit inspect BUNDLE`: name, digest, target, toolchain, spec and
     model hashes, files (path, size, sha256), kernels, engines and validation level statuses."""
@@ -151,6 +224,27 @@ def describe(bundle: BundleView | Path) -> dict[str, Any]:
         "total_size": sum(f["size"] for f in files),
         "kernels": _entries(m.get("kernels")),
         "engines": _entries(m.get("engines")),
+        "engine": engine_summary(b),
         "validation": {lvl: rec.get("status", "unknown") if isinstance(rec, dict) else "unknown"
                        for lvl, rec in sorted(levels.items())},
     }
+
+
+def _render_engine(out: Console, e: dict[str, Any]) -> None:
+    """The bundle's engine: backend and why, then per segment its ONNX and each plan's flavour,
+    library version, compute capabilities, size, network layers and I/O tensors."""
+    out.print(f"[bold]engine[/bold]: {e['backend']}{' (deferred)' if e['deferred'] else ''}, {e['precision']}: "
+              f"{e['reason']}")
+    for name, seg in e["segments"].items():
+        out.print(f"  segment {name}: {', '.join(seg['onnx']) or 'no ONNX'}")
+        for p in seg["plans"]:
+            size = f"{p['size'] / 1e6:.1f} MB" if p["size"] is not None else "size unknown"
+            ccs = ", ".join(p["compute_capabilities"]) or "?"
+            layers = f", {p['network_layers']} network layers" if p["network_layers"] is not None else ""
+            out.print(f"    plan {p['file']}: {p['flavour']} ({p['library']} {p['version']}), compute capability "
+                      f"{ccs}, {size}{layers}")
+            for kind in ("inputs", "outputs"):
+                for t in p[kind]:
+                    out.print(f"      {kind[:-1]:6} {t['name']}: {t['dtype']} {t['shape']}")
+            for inp, prof in p["profiles"].items():
+                out.print(f"      profile {inp}: min {prof['min']}, opt {prof['opt']}, max {prof['max']}")

@@ -10,6 +10,7 @@ from conftest import REPO, YOLOV8N_T4, run_cli
 
 from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.bundle.folder import read_bundle
+from deepjit_compiler.engines import rtx_sms
 from deepjit_compiler.errors import StoreError
 from deepjit_compiler.runtime import run as runbundle
 from deepjit_compiler.runtime.layout import Layout
@@ -48,6 +49,10 @@ def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_pa
     assert again.bundle.digest == digest
     assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == (first / "out/yolov8n_t4.tar.gz").read_bytes()
     assert all(k.from_cache for ks in again.kernels.values() for k in ks)  # the second build hits the cache
+    # A TensorRT-RTX plan (where the library is installed) comes from the plan cache, as the kernels do: its
+    # builds are not byte-identical (engines/plans.py), its inputs are.
+    plans = again.to_dict()["engine"]["plans"]
+    assert len(plans) == (1 if rtx_sms() else 0) and all(p["from_cache"] for p in plans)
     from polygraphy.comparator import RunResults
 
     runs = RunResults.load(str(first / "out/yolov8n_t4.report/precision.runresults.json"))

@@ -1,8 +1,11 @@
 """The command line, through a subprocess, as a user runs it."""
 import json
+import subprocess
+import sys
 
 import onnx
-from conftest import run_cli
+import pytest
+from conftest import PIPELINES, run_cli
 
 
 def test_help_everywhere():
@@ -10,6 +13,17 @@ def test_help_everywhere():
         r = run_cli(*args, "--help")
         assert r.returncode == 0, (args, r.stderr)
         assert "Usage:" in r.stdout
+    for command in ("run", "bench", "validate"):  # a plan, or exit 2 with why not
+        r = run_cli(command, "--help")
+        assert r.returncode == 0 and "--engine [auto|plan|onnxruntime]" in r.stdout, r.stdout
+
+
+def test_tensorrt_rtx_for_the_h200_is_refused_at_spec_check(write_spec):
+    path = write_spec({"  backend: auto": "  backend: tensorrt-rtx"}, text=(PIPELINES / "yolov8_h200.yaml").read_text())
+    r = run_cli("build", str(path), "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{path}:" in r.stderr and "engine: backend tensorrt-rtx" in r.stderr
+    assert "compute capabilities 7.5, 8.0, 8.6, 8.9, 12.0, 12.1; the target H200 is sm_90 (9.0)" in r.stderr
 
 
 def test_schema_is_json_schema():
@@ -96,3 +110,61 @@ def test_validate_needs_a_bundle_folder_and_a_gpu(t4_build):
     if not HAS_GPU:
         r = run_cli("validate", str(t4_build.bundle.path))
         assert r.returncode == 2 and "need an NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def yolov8n(tmp_path_factory):
+    from deepjit_compiler.model.synth import write_synthetic
+
+    return write_synthetic("yolov8n", tmp_path_factory.mktemp("m") / "yolov8n.onnx")
+
+
+def test_suggest_cuts_counts_the_network_layers_a_cut_removes(yolov8n):
+    trt_rtx = pytest.importorskip("tensorrt_rtx", reason="needs a TensorRT parser: pip install deepjit[tensorrt-rtx]")
+    r = run_cli("inspect", str(yolov8n), "--suggest-cuts", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    logger = trt_rtx.Logger(trt_rtx.Logger.ERROR)
+    network = trt_rtx.Builder(logger).create_network(1 << int(trt_rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    assert trt_rtx.OnnxParser(network, logger).parse(yolov8n.read_bytes())
+    assert info["network_layers"] == {"parser": f"tensorrt_rtx {trt_rtx.__version__}", "model": network.num_layers}
+    decode = info["suggested_cuts"][0]
+    assert decode["preset"] == "yolov8_decode"
+    layers = decode["network_layers"]
+    assert layers["model"] == network.num_layers and 0 < layers["segments"] < layers["model"]
+    assert layers["removed"] == layers["model"] - layers["segments"] > decode["nodes"]  # constants are layers too
+    r = run_cli("inspect", str(yolov8n), "--suggest-cuts")
+    assert r.returncode == 0, r.stderr
+    assert f"network layers: {layers['model']} -> {layers['segments']} ({layers['removed']} fewer) with this cut" \
+        in r.stdout
+
+
+def test_suggest_cuts_without_a_tensorrt_parser_says_so(yolov8n):
+    code = ("import sys; sys.modules['tensorrt'] = sys.modules['tensorrt_rtx'] = None\n"
+            "from pathlib import Path\n"
+            "from deepjit_compiler.report import inspect_target\n"
+            f"info = inspect_target(Path({str(yolov8n)!r}), suggest_cuts=True)\n"
+            "assert info.data['network_layers'] is None\n"
+            "assert all('network_layers' not in s for s in info.data['suggested_cuts'])\n"
+            "print(info.text)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "network layers: not counted (no TensorRT or TensorRT-RTX ONNX parser is importable here" in r.stdout
+
+
+def test_inspect_bundle_shows_its_engine(t4_build):
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX: without it the T4 bundle has no plan")
+    r = run_cli("inspect", str(t4_build.bundle.path), "--json")
+    assert r.returncode == 0, r.stderr
+    engine = json.loads(r.stdout)["engine"]
+    (plan,) = engine["segments"]["segment"]["plans"]
+    assert engine["backend"] == "tensorrt-rtx" and not engine["deferred"]
+    assert (plan["flavour"], plan["compute_capabilities"], plan["inputs"][0]["name"]) == ("tensorrt-rtx", ["7.5"],
+                                                                                        "images")
+    assert plan["size"] > 1_000_000 and plan["network_layers"] > 100
+    r = run_cli("inspect", str(t4_build.bundle.path))
+    assert r.returncode == 0, r.stderr
+    assert "engine: tensorrt-rtx, fp16:" in r.stdout
+    assert f"plan engines/segment.rtx.plan: tensorrt-rtx (tensorrt_rtx {plan['version']}), compute capability 7.5, " \
+           f"{plan['size'] / 1e6:.1f} MB, {plan['network_layers']} network layers" in r.stdout
+    assert "input  images: float32 [-1, 3, 640, 640]" in r.stdout

@@ -1,7 +1,8 @@
-"""Every module imports, and the CLI starts, without TensorRT (Polygraphy's test_dependencies).
+"""Every module imports, and the CLI starts, without TensorRT or TensorRT-RTX (Polygraphy's
+test_dependencies).
 
-Runs in a fresh interpreter where `import tensorrt` fails even if TensorRT is installed, so this
-checks what a user without it gets, on any machine.
+Runs in a fresh interpreter where `import tensorrt` and `import tensorrt_rtx` fail even if they are
+installed, so this checks what a user without them gets, on any machine.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import deepjit_compiler
 REPO = Path(__file__).resolve().parent.parent
 
 # sys.modules[name] = None makes `import name` raise ImportError.
-BLOCK_TENSORRT = "import sys; sys.modules['tensorrt'] = None\n"
+BLOCK_TENSORRT = "import sys; sys.modules['tensorrt'] = None; sys.modules['tensorrt_rtx'] = None\n"
 
 
 def modules() -> list[str]:
@@ -32,26 +33,31 @@ def run(code: str) -> subprocess.CompletedProcess:
 def test_every_module_imports_without_tensorrt():
     names = modules()
     assert {"deepjit_compiler.precision.rewrite", "deepjit_compiler.precision.calibration",
-            "deepjit_compiler.engines.tensorrt", "deepjit_compiler.engines.onnxrt", "deepjit_compiler.engines.base"} <= set(names)
+            "deepjit_compiler.engines.tensorrt", "deepjit_compiler.engines.onnxrt", "deepjit_compiler.engines.base",
+            "deepjit_compiler.engines.flavours", "deepjit_compiler.engines.plans",
+            "deepjit_compiler.engines.worker"} <= set(names)
     proc = run("import importlib, sys\n"
                f"for name in {names!r}:\n"
                "    importlib.import_module(name)\n"
-               "assert sys.modules['tensorrt'] is None, 'something replaced the tensorrt block'\n")
+               "assert sys.modules['tensorrt'] is None, 'something replaced the tensorrt block'\n"
+               "assert sys.modules['tensorrt_rtx'] is None, 'something replaced the tensorrt_rtx block'\n")
     assert proc.returncode == 0, proc.stderr
 
 
 def test_tensorrt_use_without_tensorrt_is_a_missing_dependency():
-    proc = run("from deepjit_compiler.engines import tensorrt_importable\n"
-               "from deepjit_compiler.engines.tensorrt import build_engine\n"
-               "from deepjit_compiler.engines import EngineSettings\n"
+    proc = run("from deepjit_compiler.engines import TENSORRT_RTX, EngineSettings, rtx_sms, tensorrt_importable\n"
+               "from deepjit_compiler.engines.plans import build_engine\n"
                "from deepjit_compiler.errors import MissingDependency\n"
-               "assert tensorrt_importable() is False\n"
-               "try:\n"
-               "    build_engine('x.onnx', EngineSettings())\n"
-               "except MissingDependency as e:\n"
-               "    print(e)\n")
+               "assert tensorrt_importable() is False and rtx_sms() is None\n"
+               "for kw in ({}, {'flavour': TENSORRT_RTX}):\n"
+               "    try:\n"
+               "        build_engine('x.onnx', EngineSettings(target_sm=75), **kw)\n"
+               "    except MissingDependency as e:\n"
+               "        print(e)\n")
     assert proc.returncode == 0, proc.stderr
     assert "building TensorRT engines needs TensorRT: install deepjit[tensorrt] or set engine.backend: onnxruntime" \
+        in proc.stdout
+    assert "TensorRT-RTX plans need TensorRT-RTX: install deepjit[tensorrt-rtx] or set engine.backend: onnxruntime" \
         in proc.stdout
 
 

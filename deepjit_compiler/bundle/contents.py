@@ -58,16 +58,30 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def toolchain(decision) -> dict[str, str]:
+def toolchain(artifacts=()) -> dict[str, str]:
+    """The versions that made the bundle; with a plan, the library (and version) it needs at run time."""
     versions = {"deepjit": __version__, "nvrtc": ".".join(map(str, nvrtc_version()))}
     for dist in ("onnx", "onnxruntime", "polygraphy", "onnx-graphsurgeon", "cuda-bindings"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = "not installed"
-    if decision.backend == "tensorrt" and not decision.deferred:
-        versions["tensorrt"] = metadata.version("tensorrt")
+    for art in artifacts:
+        if art.plan is not None:
+            versions[art.plan.library] = art.plan.version
     return versions
+
+
+def engine_record(decision, settings, artifacts) -> dict[str, Any]:
+    """The manifest's `engine`: the decision and why, the settings a deferred (or another) plan is built
+    with, each segment's ONNX and its plans (engines.PlanInfo records, paths inside the bundle)."""
+    plans = {a.segment_name: [{**a.plan.to_record(), "file": engine_path(a.plan.file)}] for a in artifacts
+             if a.plan is not None}
+    segments = {a.segment_name: sorted(engine_path(r) for r in a.files if a.plan is None or r != a.plan.file)
+                for a in artifacts}
+    return {"backend": decision.backend, "deferred": decision.deferred, "reason": decision.reason,
+            "precision": settings.precision, "settings": deferred_settings(settings), "segments": segments,
+            **({"plans": plans} if plans else {})}
 
 
 def bundle_manifest(loaded, resolved, plan, kernels, settings, decision, artifacts, report) -> dict[str, Any]:
@@ -92,14 +106,12 @@ def bundle_manifest(loaded, resolved, plan, kernels, settings, decision, artifac
         "spec": {"file": SPEC_FILE, "sha256": loaded.sha256, "text": loaded.text},
         # whether this build synthesized the model is not recorded: the same model gives the same bundle
         "model": {"file": MODEL_FILE, "sha256": resolved.sha256, "name": resolved.path.name},
-        "toolchain": toolchain(decision),
+        "toolchain": toolchain(artifacts),
         "target": {"gpu": spec.target.gpu, "sm": spec.target.resolved_sm},
         "inputs": {name: {"dtype": i.dtype, "shape": i.shape, "min": i.min_shape, "opt": i.opt_shape,
                           "max": i.max_shape, "buckets": i.batch_buckets} for name, i in spec.inputs.items()},
         "plan": {"inputs": [t.to_dict() for t in plan.inputs], "outputs": [t.to_dict() for t in plan.outputs],
                  "steps": steps},
-        "engine": {"backend": decision.backend, "deferred": decision.deferred, "reason": decision.reason,
-                   "precision": spec.engine.precision, "settings": deferred_settings(settings),
-                   "segments": {a.segment_name: sorted(engine_path(r) for r in a.files) for a in artifacts}},
+        "engine": engine_record(decision, settings, artifacts),
         "validation": report.to_record(),
     })

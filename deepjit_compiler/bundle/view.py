@@ -17,6 +17,7 @@ from typing import Any
 import onnx
 from pydantic import ValidationError
 
+from ..engines.flavours import flavour_of_plan
 from ..errors import BundleError, KernelError, closest
 from ..graph.tensors import TensorSig
 from ..jit.contract_models import Detections
@@ -96,9 +97,34 @@ class StepView:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanView:
+    """A plan of a segment as the manifest records it (engines.PlanInfo's record): its file, the flavour
+    and library version it needs at run time, the compute capabilities it runs on, the network
+    TensorRT parsed (layer count, I/O tensors with dtypes and TensorRT shapes) and its profile."""
+
+    segment: str
+    file: str
+    flavour: str
+    library: str
+    version: str
+    compute_capabilities: tuple[str, ...]
+    network_layers: int | None
+    inputs: tuple[Mapping[str, Any], ...]
+    outputs: tuple[Mapping[str, Any], ...]
+    profiles: Mapping[str, Any]
+    key: str
+
+    def runs_on(self, sm: int) -> bool | None:
+        """Whether the plan was built for compute capability `sm` (None: the record does not say)."""
+        if not self.compute_capabilities:
+            return None
+        return f"{sm // 10}.{sm % 10}" in self.compute_capabilities
+
+
+@dataclass(frozen=True, slots=True)
 class EngineView:
     """How the segments run: the backend decision, the precision, the settings a deferred plan is built
-    with, and each segment's files (its ONNX) and plans (after `deepjit materialize`)."""
+    with, each segment's ONNX (`segments`) and its plans (built with the bundle, or by `deepjit materialize`)."""
 
     backend: str
     deferred: bool
@@ -106,7 +132,10 @@ class EngineView:
     precision: str
     settings: Mapping[str, Any]
     segments: Mapping[str, tuple[str, ...]]
-    plans: Mapping[str, tuple[str, ...]]
+    plans: Mapping[str, tuple[PlanView, ...]]
+
+    def plan_files(self, segment: str) -> tuple[str, ...]:
+        return tuple(p.file for p in self.plans.get(segment, ()))
 
 
 def _kernel(step: str, index: int, entry: Any) -> KernelView:
@@ -152,13 +181,34 @@ def _files_by_segment(value: Any, where: str) -> dict[str, tuple[str, ...]]:
     return {str(k): tuple(v) if isinstance(v, (list, tuple)) else (str(v),) for k, v in value.items()}
 
 
+def _plan(segment: str, entry: Any) -> PlanView:
+    if isinstance(entry, str):  # a bare file name: what is known is its flavour, by its name
+        f = flavour_of_plan(entry)
+        return PlanView(segment, entry, f.name, f.module_name, "", (), None, (), (), {}, "")
+    where = f"engine.plans[{segment}]"
+    try:
+        return PlanView(segment, str(_field(entry, "file", where)), str(_field(entry, "flavour", where)),
+                        str(entry.get("library", "")), str(entry.get("version", "")),
+                        tuple(str(c) for c in entry.get("compute_capabilities") or ()),
+                        entry.get("network_layers"), tuple(entry.get("inputs") or ()), tuple(entry.get("outputs") or ()),
+                        dict(entry.get("profiles") or {}), str(entry.get("key", "")))
+    except (TypeError, ValueError) as e:
+        raise BundleError(f"manifest: '{where}' is malformed ({e})") from None
+
+
+def _plans(value: Any) -> dict[str, tuple[PlanView, ...]]:
+    if not isinstance(value, Mapping):
+        raise BundleError("manifest: 'engine.plans' is not a mapping of segment names to plans")
+    return {str(k): tuple(_plan(str(k), p) for p in (v if isinstance(v, (list, tuple)) else [v]))
+            for k, v in value.items()}
+
+
 def _engine(e: Any) -> EngineView:
     if not isinstance(e, Mapping):
         return EngineView("onnxruntime", False, "", "fp32", {}, {}, {})
     return EngineView(str(e.get("backend", "")), bool(e.get("deferred")), str(e.get("reason", "")),
                       str(e.get("precision", "fp32")), dict(e.get("settings") or {}),
-                      _files_by_segment(e.get("segments") or {}, "engine.segments"),
-                      _files_by_segment(e.get("plans") or {}, "engine.plans"))
+                      _files_by_segment(e.get("segments") or {}, "engine.segments"), _plans(e.get("plans") or {}))
 
 
 class BundleView:

@@ -15,10 +15,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from ..errors import SpecError, closest
+from ..errors import MissingDependency, SpecError, closest
 from ..spec.models import BACKENDS, HARDWARE_COMPATIBILITY, PRECISIONS
+from ..spec.targets import compute_capability
 
 log = logging.getLogger("deepjit.engines")
 
@@ -131,17 +132,54 @@ class EngineSettings:
         return hashlib.sha256(self.to_json().encode()).hexdigest()
 
 
+def deferred_settings(settings: EngineSettings) -> dict:
+    """The JSON-able build settings a bundle stores so `deepjit materialize` can build the plans on
+    the target. The timing cache path is the build machine's, so it stays behind."""
+    return {**settings.to_dict(), "timing_cache": None}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInfo:
+    """What is known about a built plan without running it: the library (and version) it needs at run
+    time, the compute capabilities it runs on, the network TensorRT parsed (layers, I/O tensors with
+    dtypes, TensorRT's shapes with -1 for a dynamic dim) and the profile it was built with. `key` is
+    the plan cache key, the digest of everything that built it. `to_record` is the manifest's entry:
+    no timings (`build_seconds` goes to build-report.json)."""
+
+    file: str  # relative to the bundle's engines/ folder
+    flavour: str
+    library: str
+    version: str
+    compute_capabilities: tuple[str, ...]
+    network_layers: int
+    inputs: tuple[Mapping[str, Any], ...]
+    outputs: tuple[Mapping[str, Any], ...]
+    profiles: Mapping[str, Mapping[str, list[int]]]
+    key: str
+    size: int = 0
+    build_seconds: float = 0.0
+    from_cache: bool = False
+
+    def to_record(self) -> dict[str, Any]:
+        return {"file": self.file, "flavour": self.flavour, "library": self.library, "version": self.version,
+                "compute_capabilities": list(self.compute_capabilities), "network_layers": self.network_layers,
+                "inputs": [dict(t) for t in self.inputs], "outputs": [dict(t) for t in self.outputs],
+                "profiles": {k: dict(v) for k, v in self.profiles.items()}, "key": self.key}
+
+
 @dataclass(frozen=True, slots=True)
 class EngineArtifact:
     """A built (or deferred) engine for one segment: its files, relative to the bundle's engine
     folder, and the settings it was built with. Deferred: the files are the segment's ONNX, to be
-    built into a plan on the target by `deepjit materialize`."""
+    built into a plan on the target by `deepjit materialize`. A TensorRT-RTX plan travels with its
+    segment's ONNX (what runs where the plan cannot, and what `materialize` builds from)."""
 
     backend: str
     segment_name: str
     files: Mapping[str, bytes] = field(default_factory=dict)
     settings_json: str = "{}"
     deferred: bool = False
+    plan: PlanInfo | None = None
 
     def digest(self) -> str:
         h = hashlib.sha256()
@@ -179,37 +217,72 @@ class Runner(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Which backend builds the engines: deferred means a TensorRT plan built later on the target,
-    with ONNX Runtime running and validating the segments until then."""
+    """Which backend builds the engines: `tensorrt` (on this GPU), `tensorrt-rtx` (ahead of time, any
+    machine), or `onnxruntime`; deferred means a TensorRT plan built later on the target, with ONNX
+    Runtime running and validating the segments until then."""
 
     backend: str
     deferred: bool
     reason: str
 
 
-def select_backend(settings: EngineSettings, *, tensorrt_importable: bool, device_sm: int | None) -> Decision:
-    """Pick the backend for `settings.backend` given what this machine has.
+def select_backend(settings: EngineSettings, *, tensorrt_importable: bool, device_sm: int | None,
+                   rtx_sms: tuple[int, ...] | None = None) -> Decision:
+    """Pick the backend for `settings.backend` given what this machine has; `rtx_sms`: the compute
+    capabilities the importable TensorRT-RTX builds for (None: not importable).
 
-    onnxruntime: always ONNX Runtime. tensorrt and auto: TensorRT now when it imports and this
-    GPU's engines run on the target; otherwise a deferred TensorRT engine. Only auto without a
-    target falls back to ONNX Runtime as the engine itself (there is nothing to defer to)."""
+    onnxruntime: always ONNX Runtime. tensorrt: TensorRT now when it imports and this GPU's engines
+    run on the target, otherwise a deferred TensorRT engine. tensorrt-rtx: a TensorRT-RTX plan for the
+    target's compute capability (SpecError for one it does not support). auto, in order: TensorRT when
+    it builds for the target here; TensorRT-RTX when it imports and supports the target; a deferred
+    TensorRT engine. Only auto without a target falls back to ONNX Runtime as the engine itself."""
     if settings.backend == "onnxruntime":
         return Decision("onnxruntime", False, "engine.backend is onnxruntime")
+    if settings.backend == "tensorrt-rtx":
+        return _rtx_asked(settings, rtx_sms)
     ok, why = _builds_here(settings, tensorrt_importable, device_sm)
     if ok:
         return Decision("tensorrt", False, why)
     if settings.backend == "auto" and settings.target_sm is None:
         return Decision("onnxruntime", False, f"{why}, and no target GPU is named: ONNX Runtime is the engine")
+    if settings.backend == "auto":
+        rtx_ok, rtx_why = _rtx_builds(settings.target_sm, rtx_sms)
+        if rtx_ok:
+            return Decision("tensorrt-rtx", False, f"{why}; {rtx_why}")
+        why = f"{why}, and {rtx_why}"
     target = f"sm_{settings.target_sm}" if settings.target_sm is not None else "the target GPU"
     return Decision("tensorrt", True, f"{why}: the TensorRT plan is deferred to `deepjit materialize` on "
                                       f"{target}; ONNX Runtime validates the segments meanwhile")
+
+
+def _rtx_builds(target_sm: int, rtx_sms: tuple[int, ...] | None) -> tuple[bool, str]:
+    if rtx_sms is None:
+        return False, "TensorRT-RTX is not importable here"
+    if target_sm not in rtx_sms:
+        return False, (f"TensorRT-RTX does not support {compute_capability(target_sm)} (it builds "
+                       f"{', '.join(map(compute_capability, rtx_sms))})")
+    return True, (f"TensorRT-RTX builds the plan ahead of time for compute capability {compute_capability(target_sm)}"
+                  f" (sm_{target_sm}), no GPU needed")
+
+
+def _rtx_asked(settings: EngineSettings, rtx_sms: tuple[int, ...] | None) -> Decision:
+    if settings.target_sm is None:
+        raise SpecError("engine.backend: tensorrt-rtx builds for named compute capabilities: give target.gpu or "
+                        "target.sm")
+    ok, why = _rtx_builds(settings.target_sm, rtx_sms)
+    if ok:
+        return Decision("tensorrt-rtx", False, f"engine.backend is tensorrt-rtx: {why}")
+    if rtx_sms is None:
+        raise MissingDependency("engine.backend: tensorrt-rtx needs TensorRT-RTX: install deepjit[tensorrt-rtx] "
+                                "(pip install tensorrt_rtx), or set engine.backend: auto")
+    raise SpecError(f"engine.backend: tensorrt-rtx: {why}; use backend auto (a deferred TensorRT plan) or tensorrt")
 
 
 def _builds_here(settings: EngineSettings, trt: bool, device_sm: int | None) -> tuple[bool, str]:
     if not trt:
         return False, "TensorRT is not importable here"
     if device_sm is None:
-        return False, "this machine has no GPU"
+        return False, "TensorRT needs the target GPU to build, and this machine has no GPU"
     target = settings.target_sm
     if target is None:
         return True, f"TensorRT builds for this GPU (sm_{device_sm})"
@@ -217,4 +290,4 @@ def _builds_here(settings: EngineSettings, trt: bool, device_sm: int | None) -> 
         return True, f"this GPU is the target (sm_{target})"
     if settings.hardware_compatibility == "ampere_plus" and min(device_sm, target) >= AMPERE_SM:
         return True, f"an ampere_plus engine built on sm_{device_sm} runs on the target sm_{target}"
-    return False, f"this GPU is sm_{device_sm} and the target is sm_{target}"
+    return False, f"TensorRT builds on the target GPU: this GPU is sm_{device_sm} and the target is sm_{target}"

@@ -80,10 +80,12 @@ stats = CacheStats()
 
 
 class KernelCache:
-    """get(key) -> (meta, blobs) or None; put(key, blobs, meta)."""
+    """get(key) -> (meta, blobs) or None; put(key, blobs, meta). engines/plans.py keeps plans in one
+    too, under its own root and counters."""
 
-    def __init__(self, root: Path | None = None):
+    def __init__(self, root: Path | None = None, counters: CacheStats | None = None):
         self.root = Path(root) if root is not None else config.cache_dir()
+        self.counters = counters if counters is not None else stats
 
     def folder(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -94,7 +96,7 @@ class KernelCache:
             meta = json.loads((folder / META).read_text())
             blobs = {name: (folder / name).read_bytes() for name in meta["blobs"]}
         except FileNotFoundError:
-            stats.bump("misses")
+            self.counters.bump("misses")
             return None
         except (OSError, ValueError, KeyError, TypeError) as e:
             return self._corrupt(key, f"unreadable ({e})")
@@ -105,13 +107,13 @@ class KernelCache:
             return self._corrupt(key, "meta.json belongs to another key")
         if not hmac.compare_digest(str(meta.get("mac", "")), _mac(key, meta["blobs"])):
             return self._corrupt(key, "it was not written by this user's DeepJIT (or was edited since)")
-        stats.bump("hits")
+        self.counters.bump("hits")
         return meta, blobs
 
     def _corrupt(self, key: str, why: str) -> None:
-        log.warning("ignoring corrupt kernel cache entry %s: %s; it will be rebuilt", self.folder(key), why)
-        stats.bump("corrupt")
-        stats.bump("misses")
+        log.warning("ignoring corrupt cache entry %s: %s; it will be rebuilt", self.folder(key), why)
+        self.counters.bump("corrupt")
+        self.counters.bump("misses")
         return None
 
     def put(self, key: str, blobs: Mapping[str, bytes], meta: Mapping[str, Any]) -> None:
@@ -125,6 +127,6 @@ class KernelCache:
             atomic_write(folder / META, json.dumps(record, indent=1, sort_keys=True, default=list).encode())
         except OSError as e:
             # A read-only or full cache must not fail the build: the kernel is compiled either way.
-            log.warning("cannot write kernel cache entry %s: %s", folder, e)
+            log.warning("cannot write cache entry %s: %s", folder, e)
             return
-        stats.bump("writes")
+        self.counters.bump("writes")

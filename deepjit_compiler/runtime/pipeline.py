@@ -76,9 +76,9 @@ class Pipeline:
     """A bundle loaded on this GPU. Not thread-safe: one call at a time."""
 
     def __init__(self, bundle: BundleView, layout: Layout, gpu: CountingGpu, prefer: str, graphs: bool,
-                 capture: str = "auto"):
+                 capture: str = "auto", engine: str = "auto"):
         self.bundle, self.layout, self.gpu, self.graphs = bundle, layout, gpu, graphs
-        self.prefer, self.capture = prefer, capture
+        self.prefer, self.capture, self.engine = prefer, capture, engine
         self.code: dict[str, str] = {}
         self._closed = False
         self._buffers: dict[str, DeviceArray] = {}
@@ -96,15 +96,17 @@ class Pipeline:
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
     def load(cls, bundle: Path | str | BundleView, *, prefer: str = "auto", graphs: bool = True,
-             capture: str = "auto") -> Pipeline:
+             capture: str = "auto", engine: str = "auto") -> Pipeline:
         """Load a bundle (folder, .tar.gz or read BundleView) on GPU 0; BundleError/KernelError when
-        its kernels cannot run on this GPU or driver, MissingDependency without a GPU. `capture`: how
-        a phase with an engine is captured (graphs.PreparedPhase.capture; the default suits everyone,
-        the others are for measuring the arrangements)."""
+        its kernels cannot run on this GPU or driver, MissingDependency without a GPU. `engine`: auto
+        (a plan where one runs here, else the segment's ONNX on ONNX Runtime, with a warning), plan
+        (EngineError naming why when none runs) or onnxruntime (segments.py). `capture`: how a phase
+        with an engine is captured (graphs.PreparedPhase.capture; the default suits everyone, the
+        others are for measuring the arrangements)."""
         bundle = read_bundle(bundle)
         layout = Layout.from_bundle(bundle)
         gpu = _new_gpu()
-        self = cls(bundle, layout, gpu, prefer, graphs, capture)
+        self = cls(bundle, layout, gpu, prefer, graphs, capture, engine)
         try:
             self._load()
         except BaseException:
@@ -163,9 +165,9 @@ class Pipeline:
     def _load_engines(self) -> None:
         for step in self.layout.steps:
             if step.kind == "segment":
-                runner, on_device = engine_runner(self.bundle, self.layout, step)
+                runner, on_device = engine_runner(self.bundle, self.layout, step, engine=self.engine,
+                                                  device_sm=self.gpu.sm)
                 self._runners[step.name], self._on_device[step.name] = runner, on_device
-                runner.activate()
 
     def _max_shapes(self) -> dict[str, tuple[int, ...]]:
         known = {i.name: tuple(i.max) for i in self.layout.inputs}

@@ -241,15 +241,19 @@ def _write_json(path: Path, data: Any) -> None:
 DEVICES = ("gpu", "cpu")
 
 
-def load_pipeline(bundle, device: str = "gpu", *, prefer: str = "auto", graphs: bool = True) -> Pipeline | CpuPipeline:
+def load_pipeline(bundle, device: str = "gpu", *, prefer: str = "auto", graphs: bool = True,
+                  engine: str = "auto") -> Pipeline | CpuPipeline:
     """The bundle loaded on GPU 0 (`gpu`), or on ONNX Runtime's CPU provider (`cpu`: its segments and
-    its kernels' ONNX references). Without a GPU, the error says how to run on the CPU instead."""
+    its kernels' ONNX references; `engine` must then be auto or onnxruntime). Without a GPU, the
+    error says how to run on the CPU instead."""
     if device not in DEVICES:
         raise RuntimeInputError(f"--device must be one of {', '.join(DEVICES)}, got '{device}'")
     if device == "cpu":
+        if engine == "plan":
+            raise RuntimeInputError("--engine plan runs a TensorRT plan, which needs a GPU: not with --device cpu")
         return CpuPipeline.load(bundle)
     try:
-        return Pipeline.load(bundle, prefer=prefer, graphs=graphs)
+        return Pipeline.load(bundle, prefer=prefer, graphs=graphs, engine=engine)
     except MissingDependency as e:
         raise MissingDependency(f"{e}: run the bundle on the CPU instead with --device cpu (its ONNX segments and "
                                 "its kernels' ONNX references on ONNX Runtime)") from None
@@ -263,13 +267,14 @@ def _where(result: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- run
 def run_bundle(bundle, inputs: Sequence[str | Path], out: Path | None = None, *, prefer: str = "auto",
-               graphs: bool = True, device: str = "gpu") -> dict[str, Any]:
+               graphs: bool = True, device: str = "gpu",
+               engine: str = "auto") -> dict[str, Any]:
     """`deepjit run`: every input through the pipeline (batched up to its max batch) on `device`;
     detections per image, written to `out` as JSON when given."""
     bundle = read_bundle(bundle)
     samples = load_samples(inputs, Layout.from_bundle(bundle))
     records = []
-    with load_pipeline(bundle, device, prefer=prefer, graphs=graphs) as pipe:
+    with load_pipeline(bundle, device, prefer=prefer, graphs=graphs, engine=engine) as pipe:
         for group in batches(samples, pipe.max_batch):
             outputs = pipe(stack(group))
             records += [result_of(outputs, i, s, pipe.layout) for i, s in enumerate(group)]
@@ -319,7 +324,8 @@ def check_batches(batches_: Sequence[int], layout: Layout) -> list[int]:
 
 
 def bench_bundle(bundle, batches: Sequence[int] | None = None, graphs: bool = True, warmup: int = 10,
-                 iters: int = 100, *, prefer: str = "auto", seed: int = 0, device: str = "gpu") -> dict[str, Any]:
+                 iters: int = 100, *, prefer: str = "auto", seed: int = 0, device: str = "gpu",
+                 engine: str = "auto") -> dict[str, Any]:
     """`deepjit bench`: per batch, `warmup` calls then `iters` timed ones on seeded inputs: latency
     percentiles (µs) of the whole call and of its GPU part (CUDA events; none on the CPU),
     throughput, launches, bytes copied between host and device per call."""
@@ -330,7 +336,7 @@ def bench_bundle(bundle, batches: Sequence[int] | None = None, graphs: bool = Tr
     todo = check_batches(batches or layout.buckets, layout)
     rng = np.random.default_rng(seed)
     rows = []
-    with load_pipeline(bundle, device, prefer=prefer, graphs=graphs) as pipe:
+    with load_pipeline(bundle, device, prefer=prefer, graphs=graphs, engine=engine) as pipe:
         for b in todo:
             feeds = random_feeds(layout, b, rng)
             for _ in range(warmup):

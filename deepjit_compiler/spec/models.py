@@ -17,10 +17,10 @@ from pydantic import (
     model_validator,
 )
 
-from .targets import sm_for_gpu
+from .targets import TENSORRT_RTX_SM, compute_capability, sm_for_gpu
 
 LEVELS = ("graph", "precision", "kernels", "end_to_end", "engine")
-BACKENDS = ("auto", "tensorrt", "onnxruntime")
+BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "onnxruntime")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 CALIBRATED = ("int8",)  # precisions whose ranges come from calibration data
 HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
@@ -155,11 +155,14 @@ class Calibration(_Model):
 
 
 class Engine(_Model):
-    backend: Literal[BACKENDS] = "auto"  # type: ignore[valid-type]
+    backend: Literal[BACKENDS] = Field("auto", description=(  # type: ignore[valid-type]
+        "auto: TensorRT when it builds for the target here, else TensorRT-RTX when it supports the target's "
+        "compute capability, else a deferred TensorRT plan; or tensorrt, tensorrt-rtx, onnxruntime"))
     precision: Literal[PRECISIONS] = "fp32"  # type: ignore[valid-type]
     keep_fp32: list[str] | None = Field(None, description="op types or node names kept in fp32; default: DFL Softmax and friends")
     workspace: int = Field(2**30, gt=0, description="TensorRT workspace pool, e.g. 2GiB")
-    timing_cache: SpecPath | None = None
+    timing_cache: SpecPath | None = Field(None, description="TensorRT's timing cache (TensorRT-RTX times nothing "
+                                                            "at build: it keeps a runtime cache where it runs)")
     optimization_level: int = Field(3, ge=0, le=5)
     hardware_compatibility: Literal[HARDWARE_COMPATIBILITY] = "none"  # type: ignore[valid-type]
     calibration: Calibration | None = None
@@ -314,6 +317,20 @@ class Spec(_Model):
     validation: Validation = Validation()
     bundle: BundleOut = BundleOut()
     publish: Publish | None = None
+
+    @field_validator("engine")
+    @classmethod
+    def _backend_builds_for_target(cls, engine: Engine, info: ValidationInfo) -> Engine:
+        """`tensorrt-rtx` only for a target whose compute capability TensorRT-RTX supports (`auto`
+        defers the plan instead)."""
+        target = info.data.get("target")
+        if engine.backend == "tensorrt-rtx" and target is not None and target.resolved_sm not in TENSORRT_RTX_SM:
+            name = f"{target.gpu} is " if target.gpu else ""
+            raise ValueError(f"backend tensorrt-rtx: TensorRT-RTX 1.7 builds plans for compute capabilities "
+                             f"{', '.join(map(compute_capability, TENSORRT_RTX_SM))}; the target {name}sm_"
+                             f"{target.resolved_sm} ({compute_capability(target.resolved_sm)}), which it does not "
+                             "support: use backend auto (a deferred TensorRT plan) or tensorrt")
+        return engine
 
     @model_validator(mode="after")
     def _unique_cut_names(self) -> "Spec":

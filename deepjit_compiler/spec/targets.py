@@ -16,6 +16,18 @@ GPU_SM: dict[str, int] = {
 }
 
 
+# The compute capabilities TensorRT-RTX 1.7 (the `tensorrt-rtx` extra pins 1.7.x) builds plans for: the members
+# SM75 .. SM121 of its ComputeCapability enum. It has no 9.0 (H100/H200) and no 10.x (B200); 7.5 is built only
+# when asked for by name (its default set starts at 8.0). engines/flavours.py reads the installed library's enum
+# at build time; this table is what a spec is checked against, where the library may not be installed.
+TENSORRT_RTX_SM: tuple[int, ...] = (75, 80, 86, 89, 120, 121)
+
+
+def compute_capability(sm: int) -> str:
+    """'7.5' for 75, '12.0' for 120: how NVIDIA and TensorRT-RTX name a compute capability."""
+    return f"{sm // 10}.{sm % 10}"
+
+
 def _key(name: str) -> str:
     return "".join(ch for ch in name.upper() if ch.isalnum())
 

@@ -217,8 +217,9 @@ def _preset_boundaries(idx: GraphIndex) -> dict[tuple[frozenset, frozenset], tup
     return found
 
 
-def format_suggestions(suggestions: Sequence[Suggestion], top: int = 5) -> str:
-    """Plain text for the terminal: boundary, node count, op mix and the YAML to paste."""
+def format_suggestions(suggestions: Sequence[Suggestion], top: int = 5, notes: Sequence[str] = ()) -> str:
+    """Plain text for the terminal: boundary, node count, op mix, `notes[i]` (the network layers the cut
+    removes, counted by the caller with a TensorRT parser) and the YAML to paste."""
     if not suggestions:
         return "no region of cheap ops worth a kernel was found"
     lines = []
@@ -226,6 +227,8 @@ def format_suggestions(suggestions: Sequence[Suggestion], top: int = 5) -> str:
         mix = ", ".join(f"{op} x{c}" for op, c in s.ops.items())
         lines.append(f"{n}. {s.nodes} nodes at the {s.position}" + (f" (preset {s.preset})" if s.preset else ""))
         lines.append(f"   ops: {mix}")
+        if n <= len(notes):
+            lines.append(f"   {notes[n - 1]}")
         lines.append(f"   inputs:  {', '.join(s.inputs)}")
         lines.append(f"   outputs: {', '.join(s.outputs)}")
         lines.extend("   " + line for line in s.yaml_snippet(name=f"wall_{n}").rstrip().splitlines())

@@ -15,14 +15,14 @@ from .gate import FunctionRunner, LevelResult, compare_runs
 
 
 def end_to_end_level(bundle: BundleView, models: Mapping[str, onnx.ModelProto], feeds, spec,
-                     report_dir: Path | None = None) -> LevelResult:
+                     report_dir: Path | None = None, *, engine: str = "auto") -> LevelResult:
     """The whole loaded pipeline (graph replay) against the original model + added references;
     `models`: each step's ONNX (the added stages' references among them)."""
     added = [(s.name, s.position, models[s.name]) for s in bundle.steps if s.kind == "added"]
     reference = compose_reference(bundle.onnx(bundle.model_file()), added)
     lossy = bundle.precision != "fp32"
     tol = spec.validation.precision_tolerances if lossy else spec.validation.tolerances
-    with Pipeline.load(bundle) as pipeline:
+    with Pipeline.load(bundle, engine=engine) as pipeline:
         result = compare_runs("end_to_end", onnxrt_runner(reference, "reference"), FunctionRunner(pipeline, "deepjit"),
                               feeds, tol, detections=bundle.detections, detection_params=tol.detections.model_dump(),
                               report_dir=report_dir)

@@ -1,6 +1,6 @@
-"""The levels that need a GPU (kernels, end_to_end) on a bundle's files: run by `deepjit build` when
-its machine has a GPU, and by `deepjit validate BUNDLE` on the GPU machine later, which records them
-in the bundle."""
+"""The levels that need a GPU (kernels, end_to_end, and engine where a plan runs on it) on a bundle's
+files: run by `deepjit build` when its machine has a GPU, and by `deepjit validate BUNDLE` on the GPU
+machine later, which records them in the bundle."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,12 +13,15 @@ from ..graph.steps import StepRunner
 from ..runtime.gpu import Gpu
 from .data import feeds_for
 from .end_to_end import end_to_end_level
+from .engine import bundle_plans_level
 from .gate import GateReport, LevelResult, not_run
 from .kernels import kernels_level
 
 
-def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None = None) -> list[LevelResult]:
-    """The kernels and end_to_end levels on this GPU; `spec`: the build's (default: the bundle's own)."""
+def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None = None, *,
+                   engine: str = "auto") -> list[LevelResult]:
+    """The kernels and end_to_end levels on this GPU, and the engine level where a plan runs on it;
+    `spec`: the build's (default: the bundle's own); `engine`: how end_to_end runs the segments."""
     view = read_bundle(bundle)
     spec = spec or view.spec()
     models = {s.name: view.onnx(s.file) for s in view.steps}
@@ -26,8 +29,10 @@ def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None
     feeds = feeds_for(spec, view.inputs)
     envs = [cpu.tensors(f) for f in feeds]
     gpu = Gpu()
-    return [kernels_level(gpu, view, models, envs, spec, report_dir),
-            end_to_end_level(view, models, feeds, spec, report_dir)]
+    levels = [kernels_level(gpu, view, models, envs, spec, report_dir),
+              end_to_end_level(view, models, feeds, spec, report_dir, engine=engine)]
+    plans = bundle_plans_level(view, spec, gpu.sm, engine=engine)
+    return levels + ([plans] if plans is not None else [])
 
 
 def gpu_levels(bundle: BundleView, spec, report_dir: Path | None = None) -> list[LevelResult]:
@@ -38,7 +43,7 @@ def gpu_levels(bundle: BundleView, spec, report_dir: Path | None = None) -> list
     return run_gpu_levels(bundle, spec, report_dir)
 
 
-def validate_bundle(bundle_path: Path) -> tuple[BundleView, list[LevelResult]]:
+def validate_bundle(bundle_path: Path, *, engine: str = "auto") -> tuple[BundleView, list[LevelResult]]:
     """Re-run the levels this machine can run (GPU levels; the engine level where plans exist) and
     record them in the bundle. graph and precision results stay as the build recorded them."""
     if not Path(bundle_path).is_dir():
@@ -47,7 +52,7 @@ def validate_bundle(bundle_path: Path) -> tuple[BundleView, list[LevelResult]]:
     view = read_bundle(bundle_path)
     if local_device_sm() is None:
         raise_no_gpu()
-    levels = run_gpu_levels(view, report_dir=Path(f"{view.root}.report"))
+    levels = run_gpu_levels(view, report_dir=Path(f"{view.root}.report"), engine=engine)
     if not view.engine.plans:
         levels.append(not_run("engine", "no TensorRT plans in the bundle: `deepjit materialize` on the target"))
     report = GateReport.from_record(view.levels).with_levels(*levels)

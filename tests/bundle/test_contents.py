@@ -2,10 +2,15 @@
 manifest's record of the plan, engine and toolchain (bundle/contents.py), on the built T4 example."""
 from __future__ import annotations
 
+import json
 from importlib import metadata
+from pathlib import Path
+
+import pytest
 
 from deepjit_compiler.bundle.contents import MODEL_FILE, SPEC_FILE, kernel_files
 from deepjit_compiler.bundle.folder import read_bundle
+from deepjit_compiler.engines import rtx_sms
 
 
 def test_each_kernel_travels_with_its_contract_template_and_headers(t4_build):
@@ -29,10 +34,50 @@ def test_the_manifest_records_plan_engine_and_toolchain(t4_build):
     assert view.file(SPEC_FILE).read_text() == t4_build.spec.text
     assert view.file(MODEL_FILE).read_bytes() == t4_build.model.data and m["model"]["sha256"] == t4_build.model.sha256
     assert m["toolchain"]["onnxruntime"] == metadata.version("onnxruntime") and m["toolchain"]["deepjit"] == "0.1.0"
-    assert m["engine"]["deferred"] and m["engine"]["segments"] == {"segment": ["engines/segment.onnx"]}
+    assert m["engine"]["segments"] == {"segment": ["engines/segment.onnx"]}
     assert m["engine"]["settings"]["timing_cache"] is None   # the build machine's path stays behind
     decode = next(s for s in m["plan"]["steps"] if s["name"] == "decode")
     assert decode["reference"] == "references/decode.onnx" and decode["facts"]["num_classes"] == 80
     assert decode["kernels"][0]["format"] == 1 and decode["kernels"][0]["contract_sha256"]
     nms = next(s for s in m["plan"]["steps"] if s["name"] == "nms")
     assert nms["position"] == "after" and nms["params"]["max_det"] == 300
+
+
+@pytest.mark.skipif(rtx_sms() is not None, reason="TensorRT-RTX is installed here: the T4 build makes a plan")
+def test_without_tensorrt_rtx_the_t4_plan_is_deferred(t4_build):
+    m = read_bundle(t4_build.bundle.path).manifest
+    assert m["engine"]["deferred"] and "plans" not in m["engine"] and "tensorrt_rtx" not in m["toolchain"]
+    assert "TensorRT-RTX is not importable here" in m["engine"]["reason"]
+
+
+def test_the_t4_bundle_carries_a_tensorrt_rtx_plan_for_7_5(t4_build):
+    trt_rtx = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install deepjit[tensorrt-rtx])")
+    view = read_bundle(t4_build.bundle.path)
+    m = view.manifest
+    assert (m["engine"]["backend"], m["engine"]["deferred"]) == ("tensorrt-rtx", False)
+    assert m["toolchain"]["tensorrt_rtx"] == trt_rtx.__version__
+    (record,) = m["engine"]["plans"]["segment"]
+    assert {k: record[k] for k in ("file", "flavour", "library", "version", "compute_capabilities")} == {
+        "file": "engines/segment.rtx.plan", "flavour": "tensorrt-rtx", "library": "tensorrt_rtx",
+        "version": trt_rtx.__version__, "compute_capabilities": ["7.5"]}
+    segment = next(s for s in view.steps if s.kind == "segment")
+    assert record["inputs"] == [{"name": "images", "dtype": "float32", "shape": [-1, 3, 640, 640]}]
+    assert [t["name"] for t in record["outputs"]] == [t.name for t in segment.outputs]
+    assert record["profiles"] == {"images": {"min": [1, 3, 640, 640], "opt": [4, 3, 640, 640], "max": [8, 3, 640, 640]}}
+    # the layer count is what TensorRT-RTX's own parser makes of the bundle's segment (no Polygraphy here)
+    logger = trt_rtx.Logger(trt_rtx.Logger.ERROR)
+    network = trt_rtx.Builder(logger).create_network(1 << int(trt_rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    assert trt_rtx.OnnxParser(network, logger).parse(view.file(segment.file).read_bytes())
+    assert record["network_layers"] == network.num_layers > 100
+    assert view.files["engines/segment.rtx.plan"]["size"] > 1_000_000
+    level = m["validation"]["levels"]["engine"]
+    assert level["status"] == "not_run" and "segment.rtx.plan: tensorrt-rtx" in level["reason"]
+    assert "compute capability 7.5" in level["reason"]
+    assert f"{record['network_layers']} network layers" in level["reason"]
+    # timings go to the build report, never into the manifest
+    text = json.dumps(m)
+    assert "build_seconds" not in text and "seconds" not in text
+    report = json.loads((Path(f"{t4_build.bundle.path}.report") / "build-report.json").read_text())
+    (built,) = report["engine"]["plans"]
+    assert built["segment"] == "segment" and built["network_layers"] == record["network_layers"]
+    assert built["build_seconds"] > 0 or built["from_cache"]

@@ -8,6 +8,7 @@ import pytest
 
 from deepjit_compiler.bundle.folder import StagedBundle, read_bundle
 from deepjit_compiler.bundle.view import BundleView
+from deepjit_compiler.engines import rtx_sms
 from deepjit_compiler.errors import BundleError
 
 
@@ -20,7 +21,13 @@ def test_the_t4_bundle_typed(t4_build):
                                                                      (1, 2, 4, 8))
     decode = view.step("decode").kernels[0]
     assert (decode.contract, decode.sm, decode.params["mode"]) == ("yolov8_decode", 75, "candidates")
-    assert view.engine.deferred and view.engine.segments == {"segment": ("engines/segment.onnx",)}
+    assert view.engine.segments == {"segment": ("engines/segment.onnx",)}
+    if rtx_sms():  # the build made a TensorRT-RTX plan for 7.5 (test_contents.py checks its record)
+        (plan,) = view.engine.plans["segment"]
+        assert not view.engine.deferred and (plan.file, plan.flavour) == ("engines/segment.rtx.plan", "tensorrt-rtx")
+        assert plan.runs_on(75) is True and plan.runs_on(90) is False
+    else:
+        assert view.engine.deferred and view.engine.plans == {}
     assert view.levels["graph"]["status"] == "passed" and view.precision == "fp16"
     compiled = view.compiled(decode)
     assert compiled.cubin[:4] == b"\x7fELF" and compiled.symbol("decode").startswith("_Z")
@@ -31,6 +38,9 @@ def test_the_t4_bundle_typed(t4_build):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m.pop("plan"), "'.plan' is missing"),
+    (lambda m: m["engine"].update(plans=["engines/segment.rtx.plan"]), "'engine.plans' is not a mapping"),
+    (lambda m: m["engine"].update(plans={"segment": [{"flavour": "tensorrt-rtx"}]}),
+     r"'engine.plans\[segment\].file' is missing"),
     (lambda m: m["plan"]["steps"][1].update(kind="gadget"), "step 'decode' has kind 'gadget'"),
     (lambda m: m["plan"]["steps"][2].pop("reference"), r"'plan.steps\[nms\].reference' is missing"),
     (lambda m: m["plan"]["steps"][1]["kernels"][0].update(arch="75"), "manifest arch '75' is not sm_XX"),
@@ -42,7 +52,7 @@ def test_malformed_manifests_name_the_field(t4_build, edit, message):
     edit(manifest)
     view = BundleView(t4_build.bundle.path, manifest)
     with pytest.raises(BundleError, match=message):
-        view.inputs, view.steps  # noqa: B018 (parsed on first use)
+        view.inputs, view.steps, view.engine  # noqa: B018 (parsed on first use)
 
 
 def test_a_staged_bundle_reads_before_its_manifest_is_written(tmp_path):

@@ -1,5 +1,7 @@
-"""engines/tensorrt.py end to end: build plans from segments (fp32, fp16 in the graph, int8 Q/DQ), run them
-on our stream, save the timing cache, materialize deferred segments. Needs TensorRT and a GPU."""
+"""The TensorRT (datacenter) flavour end to end: build plans from segments (fp32, fp16 in the graph, int8
+Q/DQ) through the same loaders, worker and plan cache as TensorRT-RTX (test_tensorrt_rtx_build.py runs
+those here), run them on our stream, save the timing cache, materialize deferred segments. Needs
+TensorRT and a GPU."""
 from __future__ import annotations
 
 import json
@@ -21,7 +23,8 @@ from deepjit_compiler.engines import (
     materialize,
     runner_for,
 )
-from deepjit_compiler.engines.tensorrt import TrtEngineRunner, build_engine  # noqa: E402
+from deepjit_compiler.engines.plans import build_engine  # noqa: E402
+from deepjit_compiler.engines.tensorrt import TrtEngineRunner  # noqa: E402
 from deepjit_compiler.errors import RuntimeInputError  # noqa: E402
 from deepjit_compiler.precision.calibration import CalibrationSettings  # noqa: E402
 from deepjit_compiler.precision.rewrite import apply_precision  # noqa: E402
@@ -65,9 +68,11 @@ def test_build_run_and_timing_cache(precision, atol, tmp_path):
     path = tmp_path / "engine.onnx"
     onnx.save(seg, path)
     s = settings(precision, tmp_path)
-    art = build_engine(path, s)
-    assert art.backend == "tensorrt" and not art.deferred and list(art.files) == ["engine.plan"]
+    art = build_engine(path, s, cache_dir=tmp_path / "plans", build_sm=local_device_sm())
+    assert art.backend == "tensorrt" and not art.deferred and sorted(art.files) == ["engine.onnx", "engine.plan"]
     assert json.loads(art.settings_json)["built_with"]["tensorrt"] == trt.__version__
+    sm = local_device_sm()
+    assert art.plan.compute_capabilities == (f"{sm // 10}.{sm % 10}",) and art.plan.network_layers >= 3
     assert s.timing_cache.is_file() and s.timing_cache.stat().st_size > 0
     x = np.random.default_rng(1).uniform(0, 1, size=(3, 3, 32, 32)).astype(np.float32)
     with runner_for(art) as runner:
@@ -80,7 +85,7 @@ def test_enqueue_checks_shapes_against_the_profile(tmp_path):
 
     path = tmp_path / "engine.onnx"
     onnx.save(segment(), path)
-    art = build_engine(path, settings("fp32", tmp_path))
+    art = build_engine(path, settings("fp32", tmp_path), cache_dir=tmp_path / "plans")
     stream = cuda.Stream()
     try:
         with TrtEngineRunner(art.files["engine.plan"]) as runner:
@@ -96,9 +101,9 @@ def test_materialize_builds_deferred_segments(tmp_path):
     path = tmp_path / "engine.onnx"
     onnx.save(segment(), path)
     plans = materialize({"engine": path}, json.dumps(deferred_settings(settings("fp32", tmp_path))))
-    assert list(plans) == ["engine.plan"] and plans["engine.plan"]
+    assert list(plans) == ["engine"] and plans["engine"].plan.file == "engine.plan"
     # the plan is a working engine of that segment, not just bytes
     x = np.random.default_rng(2).uniform(0, 1, size=(2, 3, 32, 32)).astype(np.float32)
-    with TrtEngineRunner(plans["engine.plan"]) as runner:
+    with TrtEngineRunner(plans["engine"].files["engine.plan"]) as runner:
         out = runner.infer({"images": x})["out"]
     np.testing.assert_allclose(out, reference(segment(), x), atol=1e-3, rtol=1e-3)

@@ -21,6 +21,7 @@ from deepjit_compiler.engines import (
     tensorrt_importable,
 )
 from deepjit_compiler.engines.base import Decision
+from deepjit_compiler.engines.flavours import TENSORRT, TENSORRT_RTX, flavour_of_plan
 from deepjit_compiler.engines.tensorrt import (
     config_from_settings,
     network_kwargs,
@@ -88,6 +89,71 @@ def test_resolve_enums_uses_tensorrts_names():
                               HardwareCompatibilityLevel=enum.Enum("HardwareCompatibilityLevel", "NONE AMPERE_PLUS"))
     with pytest.raises(EngineError, match="TensorRT 10.2.0 lacks.*SAME_COMPUTE_CAPABILITY"):
         resolve_enums(config_from_settings(settings(hardware_compatibility="same_compute_capability")), old_trt)
+
+
+# -- what differs for TensorRT-RTX (flavours.py), as names: no library needed -------------------------
+
+def test_tensorrt_rtx_config_names_the_compute_capability_and_nothing_tensorrt_only():
+    kw = config_from_settings(settings(hardware_compatibility="ampere_plus", strongly_typed=False),
+                              trt_version="1.7.1.116", flavour=TENSORRT_RTX)
+    assert kw["compute_capabilities"] == [(7, 5)]
+    assert kw["memory_pool_limits"] == {"WORKSPACE": 3 * 2**30} and kw["builder_optimization_level"] == 5
+    # no timing cache (it times nothing ahead of time), no hardware compatibility level, no precision flags
+    assert not {"load_timing_cache", "hardware_compatibility_level", "fp16", "bf16", "int8"} & set(kw)
+    assert network_kwargs(settings(strongly_typed=False), "1.7.1.116", TENSORRT_RTX) == {"strongly_typed": True}
+    assert config_from_settings(settings(target_sm=120), flavour=TENSORRT_RTX)["compute_capabilities"] == [(12, 0)]
+    assert "compute_capabilities" not in config_from_settings(settings(), flavour=TENSORRT)
+    with pytest.raises(EngineError, match="TensorRT-RTX builds for named compute capabilities"):
+        config_from_settings(settings(target_sm=None), flavour=TENSORRT_RTX)
+
+
+def test_plan_files_name_their_flavour():
+    assert (TENSORRT.plan_file("segment"), TENSORRT_RTX.plan_file("segment")) == ("segment.plan", "segment.rtx.plan")
+    assert flavour_of_plan("engines/segment.rtx.plan") is TENSORRT_RTX
+    assert flavour_of_plan("engines/segment.plan") is TENSORRT
+
+
+RTX = (75, 80, 86, 89, 120, 121)
+
+
+def test_auto_prefers_tensorrt_when_it_builds_for_the_target():
+    d = select_backend(settings(backend="auto", target_sm=75), tensorrt_importable=True, device_sm=75, rtx_sms=RTX)
+    assert (d.backend, d.deferred) == ("tensorrt", False)
+
+
+@pytest.mark.parametrize("trt_ok,device", [(False, None), (True, None), (True, 90), (False, 75)])
+def test_auto_takes_tensorrt_rtx_when_tensorrt_cannot_build_for_the_target(trt_ok, device):
+    d = select_backend(settings(backend="auto", target_sm=75), tensorrt_importable=trt_ok, device_sm=device,
+                       rtx_sms=RTX)
+    assert (d.backend, d.deferred) == ("tensorrt-rtx", False)
+    assert "TensorRT-RTX builds the plan ahead of time for compute capability 7.5 (sm_75), no GPU needed" in d.reason
+
+
+def test_auto_defers_where_tensorrt_rtx_does_not_support_the_target_or_is_missing():
+    d = select_backend(settings(backend="auto", target_sm=90), tensorrt_importable=False, device_sm=90, rtx_sms=RTX)
+    assert (d.backend, d.deferred) == ("tensorrt", True)
+    assert "TensorRT-RTX does not support 9.0 (it builds 7.5, 8.0, 8.6, 8.9, 12.0, 12.1)" in d.reason
+    assert "materialize" in d.reason and "sm_90" in d.reason
+    d = select_backend(settings(backend="auto", target_sm=75), tensorrt_importable=False, device_sm=None)
+    assert d.deferred and "TensorRT-RTX is not importable here" in d.reason
+    # backend: tensorrt never takes TensorRT-RTX
+    d = select_backend(settings(backend="tensorrt", target_sm=75), tensorrt_importable=False, device_sm=None,
+                       rtx_sms=RTX)
+    assert (d.backend, d.deferred) == ("tensorrt", True)
+
+
+def test_backend_tensorrt_rtx_builds_or_says_why_not():
+    d = select_backend(settings(backend="tensorrt-rtx", target_sm=86), tensorrt_importable=True, device_sm=86,
+                       rtx_sms=RTX)
+    assert (d.backend, d.deferred) == ("tensorrt-rtx", False) and d.reason.startswith("engine.backend is tensorrt-rtx")
+    with pytest.raises(SpecError, match=r"tensorrt-rtx: TensorRT-RTX does not support 9\.0 .*use backend auto"):
+        select_backend(settings(backend="tensorrt-rtx", target_sm=90), tensorrt_importable=False, device_sm=None,
+                       rtx_sms=RTX)
+    with pytest.raises(MissingDependency, match=r"needs TensorRT-RTX: install deepjit\[tensorrt-rtx\]"):
+        select_backend(settings(backend="tensorrt-rtx"), tensorrt_importable=False, device_sm=None, rtx_sms=None)
+    with pytest.raises(SpecError, match="give target.gpu or target.sm"):
+        select_backend(settings(backend="tensorrt-rtx", target_sm=None), tensorrt_importable=False, device_sm=None,
+                       rtx_sms=RTX)
 
 
 # -- profiles for a segment's own inputs ----------------------------------------------------------

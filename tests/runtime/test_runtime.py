@@ -479,7 +479,7 @@ def test_an_engine_that_cannot_be_captured_runs_between_the_kernels_graphs(t4_bu
     """Whole-phase capture fails on the engine: the kernels after it are captured on their own and the
     engine runs plainly before their replay, on the same stream; only the inputs and outputs cross."""
     caplog.set_level(logging.INFO, "deepjit.runtime")
-    monkeypatch.setattr(runtime, "engine_runner", lambda bundle, layout, step: (
+    monkeypatch.setattr(runtime, "engine_runner", lambda bundle, layout, step, **_: (
         DeviceEngine(fake.made[-1], bundle.file(step.file)), True))
     with Pipeline.load(t4_bundle) as pipe:
         gpu = fake.made[0]

@@ -56,7 +56,7 @@ def test_wrong_type_names_the_field_expected_type_and_value(write_spec):
 
 def test_literal_lists_choices_and_suggests_the_closest(write_spec):
     msg = _error(write_spec, {"  backend: auto": "  backend: tensorrtt"})
-    assert "'auto', 'tensorrt' or 'onnxruntime'" in msg and "did you mean 'tensorrt'" in msg
+    assert "'auto', 'tensorrt', 'tensorrt-rtx' or 'onnxruntime'" in msg and "did you mean 'tensorrt'" in msg
 
 
 def test_yaml_syntax_error_has_line_and_column(write_spec):

@@ -1,0 +1,39 @@
+"""`deepjit materialize`: TensorRT plans on the target, for a deferred bundle or beside a bundle's
+TensorRT-RTX plans; what it refuses. Building needs TensorRT and the target GPU (test_tensorrt_build.py)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from deepjit_compiler.bundle.folder import read_bundle, update_bundle
+from deepjit_compiler.engines import rtx_sms, tensorrt_importable
+from deepjit_compiler.errors import BundleError, MissingDependency
+from deepjit_compiler.materialize import materialize_bundle
+
+
+@pytest.fixture
+def bundle(t4_build, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(t4_build.bundle.path, copy)
+    return copy
+
+
+@pytest.mark.skipif(tensorrt_importable(), reason="TensorRT is installed here: materialize would build")
+def test_a_bundle_with_an_rtx_plan_or_none_needs_tensorrt_to_materialize(bundle):
+    engine = read_bundle(bundle).engine
+    assert engine.deferred or rtx_sms() is not None and engine.plans
+    with pytest.raises(MissingDependency, match=r"building TensorRT engines needs TensorRT: install deepjit\[tensorrt"):
+        materialize_bundle(bundle)
+
+
+def test_nothing_to_materialize(bundle):
+    record = dict(read_bundle(bundle).manifest["engine"])
+    update_bundle(bundle, {}, {"engine": {**record, "backend": "onnxruntime", "deferred": False, "plans": {}}})
+    with pytest.raises(BundleError, match="nothing to materialize: its segments run on onnxruntime"):
+        materialize_bundle(bundle)
+    trt_plan = {"file": "engines/segment.plan", "flavour": "tensorrt", "version": "10.13"}
+    update_bundle(bundle, {"engines/segment.plan": b"a plan"},
+                  {"engine": {**record, "deferred": False, "plans": {"segment": [trt_plan]}}})
+    with pytest.raises(BundleError, match="every segment already has a TensorRT plan"):
+        materialize_bundle(bundle)
