@@ -88,7 +88,7 @@ class OnnxrtEngineRunner(OnnxrtRunner):
     @property
     def own_graphs(self) -> bool:
         """Whether `enqueue(own_graph=True)` can replay ONNX Runtime's own CUDA graph (its CUDA provider)."""
-        return self.device == "cuda"
+        return self.device == "cuda" and not self._graphless
 
     def _session(self, stream_handle: int | None = None, cuda_graph: bool = False) -> ort.InferenceSession:
         so = ort.SessionOptions()
@@ -130,7 +130,13 @@ class OnnxrtEngineRunner(OnnxrtRunner):
         sess, io = bound
         run_options = ort.RunOptions()
         run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        sess.run_with_iobinding(io, run_options)
+        try:
+            sess.run_with_iobinding(io, run_options)
+        except Exception:
+            if key[1]:  # its own graph could not be captured: none for this model from now on
+                self._graphless = True
+                del self._bound[key]
+            raise
 
     def _session_for(self, stream_handle: int, cuda_graph: bool) -> ort.InferenceSession:
         if not cuda_graph:
@@ -168,11 +174,17 @@ _preloaded = False
 
 
 def _preload_cuda_libraries() -> None:
-    """onnxruntime-gpu finds CUDA and cuDNN from the nvidia-* wheels (or PyTorch's) only when asked to:
-    `preload_dlls` (ONNX Runtime >= 1.21) loads them once per process."""
+    """Once per process, before the first CUDA session: onnxruntime-gpu finds CUDA and cuDNN from the
+    nvidia-* wheels (or PyTorch's) only when asked to (`preload_dlls`, ONNX Runtime >= 1.21), and its
+    default logger is quieted."""
     global _preloaded
-    if not _preloaded and hasattr(ort, "preload_dlls"):
-        ort.preload_dlls()
+    if not _preloaded:
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+        # The CUDA provider logs to stdout through ONNX Runtime's default logger: each cuDNN frontend
+        # plan it tries and drops ("No execution plans support the graph", dozens per session) and a
+        # plugin-device warning per session. A failure that matters raises with its message anyway.
+        ort.set_default_logger_severity(4)
     _preloaded = True
 
 

@@ -262,6 +262,14 @@ class Gpu:
         _ck(driver.cuEventSynchronize(end), "cuEventSynchronize")
         return float(_ck(driver.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
 
+    def abandon_capture(self) -> None:
+        """End a capture someone else left open on this stream (an engine whose own capture failed)."""
+        status, *_ = _ck(driver.cuStreamGetCaptureInfo(self.cu_stream), "cuStreamGetCaptureInfo")
+        if status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+            _, graph = driver.cuStreamEndCapture(self.cu_stream)
+            if graph:
+                driver.cuGraphDestroy(graph)
+
     def capture(self, body: Callable[[], None]) -> Graph:
         """Run body() under stream capture and instantiate the graph it launched."""
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL

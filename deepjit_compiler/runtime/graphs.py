@@ -102,10 +102,19 @@ class PreparedPhase:
                 self._engine(item)
                 self._engine(item)
                 self.parts.append(item)
-        self.mode = "split" if self._own else "split_plain"
+        self.mode = "split" if self._own else "split_plain"  # _engine may have given up the engine's own graph
 
     def _engine(self, call: EngineCall) -> None:
-        call.alone() if self._own else call()
+        if not self._own:
+            return call()
+        try:
+            call.alone()
+        except Exception as e:  # its own capture failed too (cuDNN's fp32 convolutions refuse capture)
+            self.gpu.abandon_capture()
+            log.info("the engine cannot run as its own CUDA graph either (%s): running it plainly",
+                     str(e).splitlines()[0][:200])
+            self._own, self.mode = False, "split_plain"
+            call()
 
     @property
     def graph_launches(self) -> int:

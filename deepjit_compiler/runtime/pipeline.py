@@ -170,13 +170,14 @@ class Pipeline:
                 self._runners[step.name], self._on_device[step.name] = runner, on_device
 
     def _max_shapes(self) -> dict[str, tuple[int, ...]]:
-        known = {i.name: tuple(i.max) for i in self.layout.inputs}
-        probe: dict[str, tuple[int, ...]] = {}
-        for step in self.layout.steps:
-            if step.kind == "segment" and any(self.layout.engine_output_shape(t, self.max_batch, known) is None
+        shapes = {i.name: tuple(i.max) for i in self.layout.inputs}
+        for step in self.layout.steps:  # in order: a segment's inputs may be a kernel's outputs
+            probe: dict[str, tuple[int, ...]] = {}
+            if step.kind == "segment" and any(self.layout.engine_output_shape(t, self.max_batch, shapes) is None
                                               for t in step.outputs):
-                probe.update(self._probe(step, known))
-        return self.layout.shapes(self.layout.steps, known, self.max_batch, probe)
+                probe = self._probe(step, shapes)
+            shapes = self.layout.shapes([step], shapes, self.max_batch, probe)
+        return shapes
 
     def _probe(self, step: StepInfo, known: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         """Output shapes the manifest leaves symbolic: run the engine once at these input shapes."""

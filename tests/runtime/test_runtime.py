@@ -169,6 +169,9 @@ class FakeGpu(CountingGpu):
         if fn.entry in self.hooks:
             self.hooks[fn.entry](tuple(grid), args)
 
+    def abandon_capture(self):
+        self.log.append(("abandon_capture",))
+
     def capture(self, body):
         self._capturing = []
         try:
@@ -465,8 +468,8 @@ class DeviceEngine:
     def infer(self, feed):
         return dict(zip([o.name for o in self.sess.get_outputs()], self.sess.run(None, feed)))
 
-    def enqueue(self, stream, bindings, shapes):
-        if self.gpu._capturing is not None:
+    def enqueue(self, stream, bindings, shapes, own_graph=False):
+        if self.gpu._capturing is not None or own_graph:  # like cuDNN's fp32 convolutions under capture
             raise RuntimeError("operation not permitted when stream is capturing")
         feed = {i.name: np.frombuffer((ctypes.c_uint8 * (4 * math.prod(shapes[i.name]))).from_address(
             bindings[i.name]), np.float32).reshape(shapes[i.name]) for i in self.sess.get_inputs()}
@@ -498,6 +501,25 @@ def test_an_engine_that_cannot_be_captured_runs_between_the_kernels_graphs(t4_bu
         assert pipe.graph_launches_per_inference(3) == 1 and pipe.launches_per_inference(3) == 2
         with pytest.raises(KernelError, match="'nope' is not a device tensor of the last call"):
             pipe.read("nope")
+
+
+def test_an_engine_whose_own_graph_fails_too_runs_plainly_between_the_graphs(t4_bundle, fake, monkeypatch,
+                                                                              caplog):
+    caplog.set_level(logging.INFO, "deepjit.runtime")
+
+    def runner(bundle, layout, step, **_):
+        engine = DeviceEngine(fake.made[-1], bundle.file(step.file))
+        engine.own_graphs = True  # offers its own graph, which then fails
+        return engine, True
+    monkeypatch.setattr(runtime, "engine_runner", runner)
+    with Pipeline.load(t4_bundle) as pipe:
+        assert pipe.capture_modes() == "split_plain"
+        assert "cannot run as its own CUDA graph either" in caplog.text
+        assert ("abandon_capture",) in fake.made[0].log
+        x = images(np.random.default_rng(15), 2)
+        pipe({"images": x})
+        for name, want in segment_heads(t4_bundle, x).items():
+            np.testing.assert_array_equal(pipe.read(name)[:2], want)
 
 
 def test_graph_holds_the_buckets_launch_geometry(t4_bundle, fake):
