@@ -16,12 +16,12 @@ import numpy as np
 import onnxruntime as ort
 
 from ..bundle.folder import read_bundle
-from ..bundle.view import BundleView, InputView
+from ..bundle.view import BundleView
 from ..graph.steps import StepRunner
-from .layout import Layout, TensorSig
+from .layout import Layout, LayoutFacts
 
 
-class CpuPipeline:
+class CpuPipeline(LayoutFacts):
     """A bundle's steps on ONNX Runtime's CPU provider, in plan order."""
 
     graphs = False
@@ -53,18 +53,6 @@ class CpuPipeline:
         return {"bundle": self.layout.name, "digest": self.layout.digest, "device": f"CPU ({platform.machine()})",
                 "sm": None, "kernels": dict(self.code), "graphs": False, "capture": "off",
                 "engine": f"cpu (ONNX Runtime {ort.__version__})"}
-
-    @property
-    def inputs(self) -> tuple[InputView, ...]:
-        return self.layout.inputs
-
-    @property
-    def outputs(self) -> tuple[TensorSig, ...]:
-        return self.layout.outputs
-
-    @property
-    def max_batch(self) -> int:
-        return self.layout.max_batch
 
     def launches_per_inference(self, batch: int) -> int:
         return 0

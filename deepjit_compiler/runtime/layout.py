@@ -342,3 +342,25 @@ def kernel_workspace(k: KernelInfo, dims: Mapping[str, int]) -> int:
 
 def nbytes(shape: Sequence[int], dtype) -> int:
     return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+class LayoutFacts:
+    """What a loaded pipeline (GPU or CPU) tells about its bundle, from its `layout`."""
+
+    layout: Layout
+
+    @property
+    def inputs(self) -> tuple[InputView, ...]:
+        return self.layout.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSig, ...]:
+        return self.layout.outputs
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return self.layout.buckets
+
+    @property
+    def max_batch(self) -> int:
+        return self.layout.max_batch

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..bundle.folder import read_bundle
-from ..bundle.view import BundleView, InputView
+from ..bundle.view import BundleView
 from ..errors import BundleError, KernelError
 from .code import choose_code
 from .gpu import DeviceArray, Gpu, driver_version
@@ -40,9 +40,9 @@ from .hostmem import PinnedBuffer, capacity, d2h_async, h2d_async
 from .launch import ContractKernel, host_values
 from .layout import (
     Layout,
+    LayoutFacts,
     Phase,
     StepInfo,
-    TensorSig,
     kernel_dims,
     kernel_workspace,
     nbytes,
@@ -72,7 +72,7 @@ class CountingGpu(Gpu):
 _new_gpu = CountingGpu  # the device a Pipeline loads on (tests swap in a host-memory fake)
 
 
-class Pipeline:
+class Pipeline(LayoutFacts):
     """A bundle loaded on this GPU. Not thread-safe: one call at a time."""
 
     def __init__(self, bundle: BundleView, layout: Layout, gpu: CountingGpu, prefer: str, graphs: bool,
@@ -339,23 +339,7 @@ class Pipeline:
         on the GPU, the inputs and the outputs alone; with it on the CPU, also everything it reads and makes."""
         return dict(self._copied)
 
-    # -- facts -----------------------------------------------------------------------------------
-    @property
-    def inputs(self) -> tuple[InputView, ...]:
-        return self.layout.inputs
-
-    @property
-    def outputs(self) -> tuple[TensorSig, ...]:
-        return self.layout.outputs
-
-    @property
-    def buckets(self) -> tuple[int, ...]:
-        return self.layout.buckets
-
-    @property
-    def max_batch(self) -> int:
-        return self.layout.max_batch
-
+    # -- facts (inputs, outputs, buckets, max_batch: LayoutFacts) --------------------------------
     @property
     def allocations(self) -> int:
         """Device allocations made so far; load makes them all, calls add none."""
