@@ -1,8 +1,8 @@
 """The build: the only module that knows the order of the stages.
 
-model -> surgery -> graph level (reassembly) -> precision (+ its level) -> kernels (NVRTC) ->
-engines -> bundle staged -> GPU levels when a GPU is here -> gate -> bundle committed (or rejected/)
--> publish.
+model -> surgery (segment -> kernel boundaries in the engine's dtype) -> graph level (reassembly) ->
+precision (+ its level) -> kernels (NVRTC) -> engines -> bundle staged -> GPU levels when a GPU is here ->
+gate -> bundle committed (or rejected/) -> publish.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from .jit.contracts import declared_detections
 from .jit.nvrtc import compile_site_kernels
 from .log import StageTimes
 from .model.source import ResolvedModel, check_inputs, resolve_model
+from .precision.boundaries import plan_at_precision
 from .spec.load import LoadedSpec, load_spec
 from .store.publish import publish as push
 from .surgery.cut import plan_from_model
@@ -94,7 +95,9 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         check_inputs(loaded, resolved.model)
     result = BuildResult(loaded, resolved, times=times)
     with times.stage("surgery"):
-        result.plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
+        # the segments hand kernels their tensors in the engine's dtype where the kernels read it
+        result.plan = plan_at_precision(plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder),
+                                        spec.engine.precision, loaded.folder)
     if dry_run:
         return result
 
@@ -161,14 +164,10 @@ def _build(result: BuildResult, report_dir: Path) -> None:
 def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
     """NVRTC for every kernel of every cut and added stage: cubin for the target SM + PTX, cached."""
     spec = loaded.spec
-    # What the preset found fills in a site's inferable params; an added stage also gets its own
-    # params and the sites' facts (NMS sizes its buffers by the decode's anchor count).
-    site_facts = {k: v for site in plan.sites for k, v in site.facts.items()}
     out = {}
     for step in (*plan.sites, *plan.added):
-        facts = step.facts if step.kind == "kernel" else {**site_facts, **step.params}
         out[step.name] = compile_site_kernels(
-            [(k.contract, k.params) for k in step.kernels], facts,
+            [(k.contract, k.params) for k in step.kernels], plan.kernel_facts(step),
             sm=spec.target.resolved_sm, options=spec.compile.options, fast_math=spec.compile.fast_math,
             debug=spec.compile.debug, cache_dir=spec.compile.cache_dir, spec_dir=loaded.folder)
     return out

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..graph.casts import round_through
 from ..graph.ort import random_array
 from ..graph.steps import StepRunner, WiringError
 from ..graph.tensors import TensorSig
@@ -117,9 +118,13 @@ def check_reassembly(plan: Plan, original: onnx.ModelProto, *, seed: int, sample
                      input_ranges: Mapping[str, tuple[float, float]] | None = None, batch: int = 1,
                      dims: Mapping[str, int] | None = None) -> ReassemblyReport:
     """Run the plan's pieces and the original model (both wrapped in the added stages) on `samples`
-    seeded random inputs and compare every pipeline output bit for bit."""
+    seeded random inputs and compare every pipeline output bit for bit. Where the plan hands a tensor
+    over in another dtype than the model's (plan.model_dtypes), the original stores it in that dtype
+    too, so what is checked is the cut, not that rounding."""
     t0 = time.perf_counter()
     boundary = [t.name for s in plan.steps if not isinstance(s, AddedStage) for t in s.outputs]
+    stored = {t.name: t.dtype for s in plan.segments for t in s.outputs if t.name in plan.model_dtypes}
+    original = round_through(original, stored, plan.model_dtypes) if stored else original
     reference = StepRunner([*((s.name, s.reference) for s in plan.added if s.position == "before"),
                             ("original model", _with_outputs(original, boundary)),
                             *((s.name, s.reference) for s in plan.added if s.position == "after")])
@@ -160,7 +165,8 @@ def _first_mismatch(step: str, outputs, ref: dict) -> str | None:
 
 
 def graph_level(spec, plan, model: onnx.ModelProto) -> LevelResult:
-    """Reassembly: segments + references wired in order equal the original, bit for bit (fp32)."""
+    """Reassembly: segments + references wired in order equal the original, bit for bit (fp32, and
+    tensors the plan hands over in the engine's dtype stored so in the original too)."""
     v = spec.validation
     rep = check_reassembly(plan, model, seed=v.seed, samples=v.samples,
                            input_ranges=v.data.random.ranges if v.data.random else None,

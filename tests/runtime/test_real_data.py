@@ -15,6 +15,7 @@ import yaml
 
 from deepjit_compiler import build as build_module
 from deepjit_compiler.build import build_pipeline
+from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.runtime import gpu as gpu_mod
 from deepjit_compiler.runtime.run import run_bundle
 from deepjit_compiler.surgery.references import letterbox_numpy
@@ -45,7 +46,7 @@ def photos(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def spec(model: Path, gpu_letterbox: bool, out: Path, sm: int) -> dict:
+def spec(model: Path, gpu_letterbox: bool, out: Path, sm: int, precision: str = "fp32") -> dict:
     inputs = {"images": {"shape": ["batch", 3, "height", "width"], "buckets": [1, 2],
                          "profile": {"min": [1, 3, SIZE, SIZE], "opt": [1, 3, SIZE, SIZE], "max": [2, 3, SIZE, SIZE]}}}
     cuts = [{"name": "decode", "preset": "yolov8_decode",
@@ -59,7 +60,7 @@ def spec(model: Path, gpu_letterbox: bool, out: Path, sm: int) -> dict:
         cuts.insert(0, {"name": "letterbox", "add": "before", "at": "images",
                         "kernels": [{"contract": "letterbox", "params": {"size": SIZE}}]})
     return {"name": out.name, "model": {"path": str(model)}, "target": {"sm": sm}, "inputs": inputs,
-            "engine": {"precision": "fp32"}, "cuts": cuts,
+            "engine": {"precision": precision}, "cuts": cuts,
             "validation": {"samples": 1, "data": {"random": {"ranges": {"images": [0.0, 1.0], "raw_images": [0, 255]}}}},
             "bundle": {"path": str(out)}}
 
@@ -78,6 +79,21 @@ def bundles(model_path, tmp_path_factory) -> dict[str, Path]:
             path.write_text(yaml.safe_dump(spec(model_path, gpu_letterbox, folder / "out" / name, sm)))
             out[name] = build_pipeline(path, publish=False).bundle.path
     return out
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle(model_path, photos, tmp_path_factory) -> Path:
+    """An fp16 bundle of the model (host letterbox), its precision level on the photos: the engine
+    hands the decode its head maps in fp16."""
+    folder = tmp_path_factory.mktemp("real-fp16")
+    sm = gpu_mod.Gpu().sm if gpu_mod.available() else 75
+    body = spec(model_path, False, folder / "out" / "fp16", sm, precision="fp16")
+    body["validation"].update({"samples": len(PHOTOS), "data": {"folder": str(next(iter(photos.values())).parent)}})
+    (folder / "fp16.yaml").write_text(yaml.safe_dump(body))
+    with pytest.MonkeyPatch.context() as mp:  # the GPU levels are the validation tests'
+        mp.setattr(build_module, "gpu_levels", lambda path, spec, report_dir=None: [not_run("kernels", "test"),
+                                                                                      not_run("end_to_end", "test")])
+        return build_pipeline(folder / "fp16.yaml", publish=False).bundle.path
 
 
 # ----------------------------------------------------------------------------- the oracle
@@ -138,12 +154,29 @@ def test_cpu_run_of_a_trained_model_equals_onnxruntime(bundles, model_path, phot
         assert_same(record, *expected(model_path, png))
 
 
+def test_fp16_bundle_of_a_trained_model_hands_the_decode_fp16_and_equals_onnxruntime(fp16_bundle, model_path, photos):
+    """The head maps stay fp16 from the engine to the decode; the graph level (the cut, with that
+    boundary stored in fp16 on the model's side too) and the precision level (against the fp32 model,
+    on the photos) pass, and the CPU run gives the fp32 model's detections."""
+    view = read_bundle(fp16_bundle)
+    segment, decode = view.step("segment"), view.step("decode")
+    assert {t.dtype for t in segment.outputs} == {t.dtype for t in decode.inputs} == {"float16"}
+    assert [k.params["dtype"] for k in decode.kernels] == ["float16"]
+    levels = view.levels
+    assert levels["graph"]["status"] == "passed" and levels["precision"]["status"] == "passed"
+    assert all(o["detail"] == "bit-identical" for o in levels["graph"]["outputs"].values())
+    assert "passed: 5/5 reference detections" in levels["precision"]["outputs"]["detections"]["detail"]
+    result = run_bundle(fp16_bundle, list(photos.values()), device="cpu")
+    for record, png in zip(result["results"], photos.values()):
+        assert_same(record, *expected(model_path, png))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["host_letterbox", "gpu_letterbox"])
-def test_gpu_run_of_a_trained_model_equals_onnxruntime(bundles, model_path, photos, variant):
+@pytest.mark.parametrize("variant", ["host_letterbox", "gpu_letterbox", "fp16"])
+def test_gpu_run_of_a_trained_model_equals_onnxruntime(bundles, fp16_bundle, model_path, photos, variant):
     if not gpu_mod.available():
         pytest.skip("needs an NVIDIA GPU")
-    result = run_bundle(bundles[variant], list(photos.values()))
+    result = run_bundle(fp16_bundle if variant == "fp16" else bundles[variant], list(photos.values()))
     if ort.get_device() == "GPU":
         assert result["engine"].startswith("cuda (ONNX Runtime") and "tf32 off" in result["engine"]
     for record, png in zip(result["results"], photos.values()):
