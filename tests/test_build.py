@@ -105,7 +105,8 @@ def test_an_fp16_bundle_carries_the_head_maps_in_fp16_from_the_engine_to_the_dec
 
 @pytest.mark.parametrize("precision, head_dtype", [("fp32", "float32"), ("fp16", "float16")])
 def test_dry_run_plan_hands_the_decode_the_engines_dtype(write_spec, precision, head_dtype):
-    r = run_cli("build", str(_spec(write_spec, **{"precision: fp16": f"precision: {precision}"})), "--dry-run", "--json")
+    spec = _spec(write_spec, **{"precision: fp16": f"precision: {precision}"})
+    r = run_cli("build", str(spec), "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     segment, decode, nms = json.loads(r.stdout)["plan"]
     assert {t["dtype"] for t in segment["outputs"]} == {t["dtype"] for t in decode["inputs"]} == {head_dtype}

@@ -98,8 +98,8 @@ def retyped(plan: Plan, dtypes: Mapping[str, str], facts: Mapping[str, str]) -> 
             s = dataclasses.replace(s, **changes) if changes else s
         steps.append(s)
     made = {t.name: t.dtype for s in plan.segments for t in s.outputs}
-    return dataclasses.replace(plan, steps=tuple(steps),
-                               model_dtypes={**plan.model_dtypes, **{t: plan.model_dtypes.get(t, made[t]) for t in dtypes}})
+    model_dtypes = {**plan.model_dtypes, **{t: plan.model_dtypes.get(t, made[t]) for t in dtypes}}
+    return dataclasses.replace(plan, steps=tuple(steps), model_dtypes=model_dtypes)
 
 
 def _handed_to_kernels(plan: Plan) -> dict[str, str]:

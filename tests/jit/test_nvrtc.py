@@ -79,8 +79,8 @@ def test_decode_output0_twin_of_each_example_pipeline_compiles(pipeline, tmp_pat
     from deepjit_compiler.jit.contracts import load_contract
     from deepjit_compiler.spec.load import load_spec
 
-    (ref,) = [k for cut in load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts for k in cut.kernels
-              if k.contract == "yolov8_decode"]
+    cuts = load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts
+    (ref,) = [k for cut in cuts for k in cut.kernels if k.contract == "yolov8_decode"]
     twin = load_contract("yolov8_decode").model.roles.twin
     assert twin == {"mode": "output0", "lanes_per_anchor": 1}
     k = compile_site_kernel("yolov8_decode", {**ref.params, **twin}, FACTS, sm=90, cache_dir=tmp_path)
@@ -93,8 +93,8 @@ def test_each_example_pipelines_decode_reads_fp16_head_maps_from_an_fp16_site(pi
     spec's decode and its twin, the dtype inferred, compile for the target with 16-bit loads only."""
     from deepjit_compiler.spec.load import load_spec
 
-    (ref,) = [k for cut in load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts for k in cut.kernels
-              if k.contract == "yolov8_decode"]
+    cuts = load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts
+    (ref,) = [k for cut in cuts for k in cut.kernels if k.contract == "yolov8_decode"]
     fp16 = {**FACTS, "input_dtype": "float16"}
     for params in (ref.params, {**ref.params, "mode": "output0", "lanes_per_anchor": 1}):
         k = compile_site_kernel("yolov8_decode", params, fp16, sm=sm, cache_dir=tmp_path)

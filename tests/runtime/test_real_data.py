@@ -166,8 +166,9 @@ def test_fp16_bundle_of_a_trained_model_hands_the_decode_fp16_and_equals_onnxrun
     levels = view.levels
     assert levels["graph"]["status"] == "passed" and levels["precision"]["status"] == "passed"
     assert all(o["detail"] == "bit-identical" for o in levels["graph"]["outputs"].values())
-    found = re.match(r"passed: (\d+)/(\d+) reference detections", levels["precision"]["outputs"]["detections"]["detail"])
-    assert found and found[1] == found[2] and int(found[1]) > 0, levels["precision"]["outputs"]["detections"]
+    detections = levels["precision"]["outputs"]["detections"]
+    found = re.match(r"passed: (\d+)/(\d+) reference detections", detections["detail"])
+    assert found and found[1] == found[2] and int(found[1]) > 0, detections
     result = run_bundle(fp16_bundle, list(photos.values()), device="cpu")
     for record, png in zip(result["results"], photos.values()):
         assert_same(record, *expected(model_path, png))
