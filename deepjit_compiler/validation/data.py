@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..graph.tensors import TensorSig
-from ..runtime.images import IMAGE_SUFFIXES, read_image
+from ..images import IMAGE_SUFFIXES, read_image
 from ..surgery.references import letterbox_numpy
 
 _INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
