@@ -147,11 +147,13 @@ class InputSpec(_Model):
 
 
 class Calibration(_Model):
-    """int8 calibration: a folder of .npy files (one per sample and input) or seeded random data."""
+    """int8 calibration: a folder of images, .npz or .npy samples, or seeded random data."""
 
-    data: Union[SpecPath, Literal["random"]]
-    cache: SpecPath
-    samples: int = Field(16, ge=1)
+    data: Union[SpecPath, Literal["random"]] = Field(
+        description="a folder of images (letterboxed to the input like the validation data), of .npz files (one "
+        "per sample, an array per segment input) or of .npy files (one-input segments); or 'random'")
+    cache: SpecPath = Field(description="a folder of calibration caches (tensor ranges), reused by later builds")
+    samples: int = Field(16, ge=1, description="how many: a folder's first files in name order, or random draws")
 
 
 class Engine(_Model):
