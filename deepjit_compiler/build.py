@@ -115,7 +115,7 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     spec = loaded.spec
     feeds = feeds_for(spec, plan.inputs)
     with times.stage("graph"):
-        report = GateReport().with_levels(graph_level(spec, plan, resolved.model))
+        report = GateReport().with_levels(graph_level(plan, resolved.model, feeds))
     with times.stage("precision"):
         detections = declared_detections((k.contract for s in (*plan.sites, *plan.added) for k in s.kernels),
                                          loaded.folder)

@@ -121,12 +121,19 @@ class FunctionRunner(BaseRunner):
         return outputs
 
 
-def metadata_from(feed: Mapping[str, np.ndarray]) -> TensorMetadata:
-    """Polygraphy input metadata describing an example feed (Comparator feeds only listed inputs)."""
+def metadata_from(feeds: Sequence[Mapping[str, np.ndarray]]) -> TensorMetadata:
+    """Polygraphy input metadata describing example feeds (Comparator feeds only listed inputs); a
+    dim that differs between them (the batch, when a folder is batched by the buckets) is dynamic."""
     meta = TensorMetadata()
-    for name, value in feed.items():
-        meta.add(name, value.dtype, value.shape)
+    for name, value in feeds[0].items():
+        shapes = {tuple(f[name].shape) for f in feeds}
+        meta.add(name, value.dtype, [d if len({s[i] for s in shapes}) == 1 else -1 for i, d in enumerate(value.shape)])
     return meta
+
+
+def tolerance_for(tolerances, name: str):
+    """The Tolerance in force for output `name`: its own entry, else the level's default."""
+    return tolerances.outputs.get(name, tolerances.default)
 
 
 def _tolerance_maps(tolerances, names: Iterable[str]):
@@ -151,7 +158,7 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
     """
     for runner in (reference, candidate):
         if isinstance(runner, FunctionRunner) and runner._meta is None:
-            runner._meta = metadata_from(feeds[0])
+            runner._meta = metadata_from(feeds)
     run_results = Comparator.run([reference, candidate], data_loader=feeds, use_subprocess=False)
     if report_dir is not None:
         atomic_write(report_dir / f"{report_name or level}.runresults.json", run_results.to_json().encode())
