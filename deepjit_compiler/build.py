@@ -117,8 +117,8 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     with times.stage("graph"):
         report = GateReport().with_levels(graph_level(plan, resolved.model, feeds))
     with times.stage("precision"):
-        detections = declared_detections((k.contract for s in (*plan.sites, *plan.added) for k in s.kernels),
-                                         loaded.folder)
+        detections = declared_detections(((k.contract, k.params) for s in (*plan.sites, *plan.added)
+                                          for k in s.kernels), loaded.folder)
         segments, precision_level = precision_stage(spec, plan, resolved.model, feeds, report_dir, detections)
         report = report.with_levels(precision_level)
     with times.stage("kernels"):

@@ -203,10 +203,43 @@ def site_inputs(contract: Contract, params: Mapping[str, Any]) -> dict[str, int]
     return out
 
 
-def declared_detections(refs: Iterable[str], spec_dir: Path | None = None) -> tuple[Detections, ...]:
-    """The detection outputs the contracts `refs` (names or paths) declare (roles.detections)."""
-    roles = (load_contract(str(ref), spec_dir=spec_dir).model.roles for ref in refs)
-    return tuple(r.detections for r in roles if r.detections is not None)
+@dataclass(frozen=True, slots=True)
+class DetectionOutputs:
+    """Outputs a kernel declares as detections (roles.detections) and the confidence threshold it cut
+    them at (its roles.score_threshold param; None when it declares none)."""
+
+    declared: Detections
+    threshold: float | None = None
+
+    @property
+    def names(self) -> tuple[str, str, str, str]:
+        return self.declared.names
+
+    @property
+    def count(self) -> str:
+        return self.declared.count
+
+
+def score_threshold(contract: Contract, params: Mapping[str, Any]) -> float | None:
+    """The value of the param the contract's roles.score_threshold names: given, else its default."""
+    name = contract.model.roles.score_threshold
+    if name is None:
+        return None
+    value = params.get(name, contract.model.params[name].default)
+    return None if value is None else float(value)
+
+
+def detection_outputs(contract: Contract, params: Mapping[str, Any]) -> DetectionOutputs | None:
+    """The detection outputs of a kernel with these params, or None if its contract declares none."""
+    declared = contract.model.roles.detections
+    return None if declared is None else DetectionOutputs(declared, score_threshold(contract, params))
+
+
+def declared_detections(kernels: Iterable[tuple[str, Mapping[str, Any]]],
+                        spec_dir: Path | None = None) -> tuple[DetectionOutputs, ...]:
+    """The detection outputs the kernels `(contract name or path, params)` declare (roles.detections)."""
+    found = (detection_outputs(load_contract(str(ref), spec_dir=spec_dir), params) for ref, params in kernels)
+    return tuple(d for d in found if d is not None)
 
 
 def image_channels(contract: Contract, params: Mapping[str, Any]) -> str:

@@ -24,8 +24,7 @@ def end_to_end_level(bundle: BundleView, models: Mapping[str, onnx.ModelProto], 
     tol = spec.validation.precision_tolerances if lossy else spec.validation.tolerances
     with Pipeline.load(bundle) as pipeline:
         result = compare_runs("end_to_end", onnxrt_runner(reference, "reference"), FunctionRunner(pipeline, "deepjit"),
-                              feeds, tol, detections=bundle.detections, detection_params=tol.detections.model_dump(),
-                              report_dir=report_dir)
+                              feeds, tol, detections=bundle.detections, report_dir=report_dir)
     why = "the pipeline on this GPU (CUDA graphs) against ONNX Runtime on the original model"
     return LevelResult(result.level, result.status, why + (" (lossy precision: precision tolerances)" if lossy else ""),
                        result.outputs)

@@ -171,7 +171,7 @@ def graph_level(plan, model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.nd
     rep = check_reassembly(plan, model, feeds)
     if rep.error:
         return LevelResult("graph", "failed", rep.error)
-    outputs = [OutputResult(o.name, o.passed, max_abs=o.max_abs_diff,
+    outputs = [OutputResult(o.name, o.passed, max_abs=o.max_abs_diff, tolerance={"bit_identical": True},
                             detail="bit-identical" if o.passed else f"differs by up to {o.max_abs_diff:g}")
                for o in rep.outputs]
     return from_outputs("graph", outputs, rep.describe())
