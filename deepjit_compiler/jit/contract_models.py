@@ -31,6 +31,8 @@ class ParamSpec(_Model):
     max: float | None = None
     infer: str | None = Field(None, description="kernel-site fact that supplies the value when not given")
     symbolic: bool = Field(False, description="a string value is a symbolic dim name (dynamic shape)")
+    overridable: bool = Field(False, description="the spec may give another value than the inferred fact (a "
+                              "capacity, not a property of the model); otherwise a given value must agree with it")
     doc: str = ""
 
 

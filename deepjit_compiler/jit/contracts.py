@@ -158,6 +158,7 @@ def resolve_params(contract: Contract, given: Mapping[str, Any],
     for name, spec in model.params.items():
         if name in given:
             value = given[name]
+            _check_agrees(name, spec, value, facts, where)
         elif spec.infer is not None and facts.get(spec.infer) is not None:
             value = facts[spec.infer]
         elif "default" in spec.model_fields_set:
@@ -170,6 +171,26 @@ def resolve_params(contract: Contract, given: Mapping[str, Any],
     for name, expr in model.derived.items():
         values[name] = evaluate(expr, values, f"{where}: derived.{name}")
     return MappingProxyType(values)
+
+
+def _check_agrees(name: str, spec: ParamSpec, value: Any, facts: Mapping[str, Any], where: str) -> None:
+    """A given param that the kernel site also tells (its `infer` fact, when concrete) must agree with
+    it, unless the contract marks it overridable: a kernel built for another value reads the model's
+    tensors wrong (an 80-class decode on an 18-class head)."""
+    fact = facts.get(spec.infer) if spec.infer is not None and not spec.overridable else None
+    if fact is None or _symbolic(fact) or value is None:
+        return
+    if _check_param(name, spec, value, where) != _check_param(name, spec, fact, where):
+        raise KernelError(f"{where}: param '{name}' is given as {value!r}, but the kernel site has {fact!r} "
+                          f"(its '{spec.infer}', found in the model): remove '{name}' from the cut's params or "
+                          f"set it to {fact!r}")
+
+
+def _symbolic(value: Any) -> bool:
+    """Whether a fact holds a symbolic dim (a string) anywhere: then it is no concrete value to agree with."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, (list, tuple)) and any(_symbolic(v) for v in value)
 
 
 def signature(contract: Contract, params: Mapping[str, Any]) -> tuple[TensorSig, ...]:

@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from .targets import sm_for_gpu
+from .targets import PRECISION_MIN_SM, sm_for_gpu
 
 LEVELS = ("graph", "precision", "kernels", "end_to_end", "engine")
 BACKENDS = ("auto", "tensorrt", "onnxruntime")
@@ -363,4 +363,12 @@ class Spec(_Model):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"cut names must be unique, repeated: {dupes}")
+        return self
+
+    @model_validator(mode="after")
+    def _precision_on_target(self) -> "Spec":
+        precision, sm = self.engine.precision, self.target.resolved_sm
+        if sm < PRECISION_MIN_SM.get(precision, 0):
+            raise ValueError(f"engine.precision: {precision} needs sm_{PRECISION_MIN_SM[precision]} or newer, but the "
+                             f"target {self.target.gpu or ''} is sm_{sm} and has no {precision}: use fp16 (or int8)")
         return self

@@ -16,6 +16,10 @@ GPU_SM: dict[str, int] = {
 }
 
 
+# Precisions a GPU runs only from some SM on: bf16 tensor cores (and TensorRT's bf16) start with Ampere.
+PRECISION_MIN_SM: dict[str, int] = {"bf16": 80}
+
+
 def _key(name: str) -> str:
     return "".join(ch for ch in name.upper() if ch.isalnum())
 
