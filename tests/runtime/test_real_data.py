@@ -5,7 +5,6 @@ here: the same classes, boxes within 1 px of the original image. On the CPU (`--
 every machine; on a GPU (the gpu tests) with the letterbox on the host and on the GPU."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +24,8 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "colorwheel")
 
 
 @pytest.fixture(scope="module")
-def model_path() -> Path:
-    found = importlib.util.find_spec("nudenet")
-    if found is None:
-        pytest.skip("nudenet 3.4.2 is not installed (its 320n.onnx is the trained YOLOv8n): "
-                    "pip install nudenet==3.4.2 --no-deps")
-    return Path(found.submodule_search_locations[0]) / "320n.onnx"
+def model_path(nudenet_320n) -> Path:
+    return nudenet_320n
 
 
 @pytest.fixture(scope="module")
