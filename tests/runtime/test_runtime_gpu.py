@@ -5,10 +5,12 @@
 - graph replay gives exactly the plain launches' outputs, for every bucket;
 - a T4 (sm_75) bundle runs here through its PTX, with the same detections;
 - the steady state allocates nothing (the runtime's allocator counts; the driver's free memory agrees);
-- `deepjit run` / `bench`'s implementations work on the GPU.
+- `deepjit run` / `bench`'s implementations work on the GPU (and say the engine runs on CUDA).
 
-Bundles come from $DEEPJIT_RUNTIME_BUNDLES (bench/pipeline.py builds them with `deepjit build`, GPU
-levels included) or are built here (GPU levels left to the validation tests).
+Bundles come from $DEEPJIT_RUNTIME_BUNDLES (a folder with out/<variant> bundles of `write_specs`'s
+specs, built with `deepjit build`) or are built here (GPU levels left to the validation tests). With
+onnxruntime-gpu the engine runs on its CUDA provider: its segment outputs are checked against the CPU
+provider's, and the fp16 engine's detections by the lossy metrics.
 """
 from __future__ import annotations
 
