@@ -398,7 +398,8 @@ def main(argv=None) -> int:
     cands = {b: candidates_per_image(head_maps(np.random.default_rng(b), b), CONF) for b in args.batches}
     if args.estimate_only:  # the first maps of each batch's seeded sets: the same as a measured run's
         rows = traffic_rows(kernels, args.batches, cands, bandwidth)
-        text = f"Command: `{command}`\n\n" + traffic_table(rows, bandwidth, str(spec_name), max_batch=max_batch) + "\n"
+        text = f"Command: `{command}`\n\n" + traffic_table(rows, bandwidth, str(spec_name), max_batch=max_batch)
+        text += "\n"
         print(text)
         if args.json:
             args.json.write_text(json.dumps({"traffic": rows}, indent=1))
@@ -410,8 +411,10 @@ def main(argv=None) -> int:
     gpu = gpu_mod.Gpu()
     sites = {dtype: decode_site(PRECISION_OF[dtype]) for dtype in args.head_dtypes}
     lanes = {"lanes_per_anchor": args.lanes_per_anchor} if args.lanes_per_anchor != 1 else {}  # older contracts lack it
-    decode_params = {"mode": "candidates", "conf_threshold": CONF, "anchors_per_thread": args.anchors_per_thread, **lanes}
-    decoders = {dtype: compile_site_kernel(args.decode_contract, decode_params, site.facts, sm=gpu.sm, debug=args.lineinfo)
+    decode_params = {"mode": "candidates", "conf_threshold": CONF, "anchors_per_thread": args.anchors_per_thread,
+                     **lanes}
+    decoders = {dtype: compile_site_kernel(args.decode_contract, decode_params, site.facts, sm=gpu.sm,
+                                           debug=args.lineinfo)
                 for dtype, site in sites.items()}
     for dtype, decode in decoders.items():
         if decode.params.get("dtype", "float32") != dtype:

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 import registry  # tests/registry.py: a real OCI registry on loopback
+import trained  # tests/trained.py: a trained detector (nudenet's YOLOv8n) and scikit-image's photos
 
-# Its fixtures, for every test module. Bound by assignment rather than `from registry import ...` in
+# Their fixtures, for every test module. Bound by assignment rather than `from registry import ...` in
 # each module, which pyflakes reports as unused imports shadowed by the test arguments.
 registry_server = registry.registry_server
 auth_registry_server = registry.auth_registry_server
+nudenet_320n = trained.nudenet_320n
+sample_photos = trained.sample_photos
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINES = REPO / "pipelines"
