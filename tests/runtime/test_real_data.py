@@ -163,7 +163,8 @@ def test_fp16_bundle_of_a_trained_model_hands_the_decode_fp16_and_equals_onnxrun
     assert all(o["detail"] == "bit-identical" for o in levels["graph"]["outputs"].values())
     detections = levels["precision"]["outputs"]["detections"]
     found = re.search(r"in total over \d+ images: (\d+)/(\d+) matched", detections["detail"])
-    assert detections["detail"].startswith("passed") and found and found[1] == found[2] and int(found[1]) > 0, detections
+    assert detections["detail"].startswith("passed"), detections
+    assert found and found[1] == found[2] and int(found[1]) > 0, detections
     result = run_bundle(fp16_bundle, list(photos.values()), device="cpu")
     for record, png in zip(result["results"], photos.values()):
         assert_same(record, *expected(model_path, png))
