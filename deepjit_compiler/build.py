@@ -102,7 +102,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         _build(result, report_dir)
     if result.rejected is not None:
         raise GateFailed("accuracy gate failed; bundle written to " + str(result.bundle.path) + " with its report:\n  "
-                         + "\n  ".join(result.report.failures()), result.report)
+                         + "\n  ".join(result.report.failures()), result.report, result)
     if publish and spec.publish is not None:
         with times.stage("publish"):
             result.published = push(result.bundle.path, spec.publish.store, spec.publish.tag, spec.publish.require)

@@ -8,6 +8,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from onnx_graphsurgeon.logger import G_LOGGER as graphsurgeon_logger
+from polygraphy.logger import G_LOGGER as polygraphy_logger
 from rich.console import Console
 
 from . import config
@@ -21,6 +23,14 @@ def setup(verbose: bool = False, quiet: bool = False) -> None:
     handler.setFormatter(logging.Formatter("[%(levelname)s] %(name)s: %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(level)
+    # Polygraphy and GraphSurgeon print their own logs; without the optional `colored` module they
+    # first print a warning about it. Their lines go to stderr (cli.working); colors are not wanted.
+    polygraphy_logger.colors = graphsurgeon_logger.colors = False
+
+
+def set_level(name: str) -> None:
+    """`verbose` or `quiet`: what -v / -q after a subcommand ask for."""
+    log.setLevel(logging.DEBUG if name == "verbose" else logging.WARNING)
 
 
 @dataclass

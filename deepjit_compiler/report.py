@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import io
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.filesize import decimal as human_size
 from rich.table import Table
 
 from .bundle.folder import read_bundle
@@ -15,9 +18,13 @@ from .model.info import describe_model, load_model
 from .surgery.suggest import format_suggestions
 from .surgery.suggest import suggest_cuts as find
 
+PIPED_WIDTH = 200  # columns of a table written to a file or a pipe: tensor names and digests stay whole
+
 
 def _console(file=None) -> Console:
-    return Console(file=file, highlight=False, soft_wrap=True)
+    """A console for stdout (or `file`): the terminal's width on a TTY, PIPED_WIDTH otherwise."""
+    tty = (file if file is not None else sys.stdout).isatty()
+    return Console(file=file, highlight=False, soft_wrap=True, width=None if tty else PIPED_WIDTH)
 
 
 def print_build(result) -> None:
@@ -154,3 +161,29 @@ def describe(bundle: BundleView | Path) -> dict[str, Any]:
         "validation": {lvl: rec.get("status", "unknown") if isinstance(rec, dict) else "unknown"
                        for lvl, rec in sorted(levels.items())},
     }
+
+
+def validation_summary(levels: Mapping[str, str]) -> str:
+    """'graph, precision passed; kernels not run' from {level: status}; what failed comes first."""
+    if not levels:
+        return "unknown"
+    order = {"failed": "FAILED", "passed": "passed", "not_run": "not run"}
+    parts = [f"{', '.join(n for n, st in levels.items() if st == status)} {word}" for status, word in order.items()
+             if status in levels.values()]
+    other = [f"{n} {st}" for n, st in levels.items() if st not in order]
+    return "; ".join(parts + other)
+
+
+def format_store(url: str, entries) -> str:
+    """`deepjit ls`: one row per tag, sizes for humans, whether the bundle passed validation."""
+    if not entries:
+        return f"no tags in {url}\n"
+    table = Table(title=url)
+    for col in ("tag", "bundle", "validation", "size", "digest"):
+        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    for e in entries:
+        table.add_row(e.tag, e.name or "", validation_summary(e.levels), human_size(e.size) if e.size else "",
+                      e.digest)
+    buf = io.StringIO()
+    _console(buf).print(table)
+    return buf.getvalue()

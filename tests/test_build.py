@@ -59,9 +59,15 @@ def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     strict = ("  gate: true", "  precision_tolerances:\n    default: {atol: 0.0, rtol: 0.0}\n"
               "    detections: {min_iou: 1.0, score_atol: 0.0}\n  gate: true")
     spec = _spec(write_spec, **{strict[0]: strict[1]})
-    r = run_cli("build", str(spec))
+    r = run_cli("build", str(spec), "--json")
     assert r.returncode == 1, r.stderr
     assert "accuracy gate failed" in r.stderr and "precision: output0: max abs" in r.stderr
+    # --json: stdout is one JSON document, the rejected build with its error; Polygraphy's lines went to stderr
+    doc = json.loads(r.stdout)
+    assert doc["error"]["exit_code"] == 1 and doc["error"]["type"] == "GateFailed" and doc["gate_failed"]
+    assert doc["validation"]["levels"]["precision"]["status"] == "failed"
+    assert doc["rejected"] == str(tmp_path / "out/rejected/yolov8n_t4")
+    assert "[E]" in r.stderr and "[E]" not in r.stdout
     assert not (tmp_path / "out/yolov8n_t4").exists() and not (tmp_path / "out/yolov8n_t4.tar.gz").exists()
     rejected = read_bundle(tmp_path / "out/rejected/yolov8n_t4")
     assert rejected.manifest["validation"]["levels"]["precision"]["status"] == "failed"
