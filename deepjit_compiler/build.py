@@ -85,12 +85,15 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     spec = loaded.spec
     times = StageTimes()
     with times.stage("model"):
-        resolved = resolve_model(loaded)
+        resolved = resolve_model(loaded, write=not dry_run)
         check_inputs(loaded, resolved.model)
     result = BuildResult(loaded, resolved, times=times)
     with times.stage("surgery"):
         result.plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
     if dry_run:
+        if resolved.synthesized:
+            result.notes.append(f"dry run: the synthetic model was made in memory; a build writes it to "
+                                f"{resolved.path} ({len(resolved.data) / 1e6:.0f} MB)")
         return result
 
     # One build of a bundle path at a time; nothing of the user's is replaced (checked before the

@@ -77,6 +77,15 @@ def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     assert not (tmp_path / "store").exists()  # nothing published
 
 
+def test_dry_run_writes_nothing(write_spec, tmp_path):
+    """Not the synthetic model either: a build writes it (the README says so)."""
+    r = run_cli("build", str(_spec(write_spec)), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+    assert f"a build writes it to {tmp_path / 'models/yolov8n.onnx'}" in r.stdout
+    assert "decode" in r.stdout and "yolov8_decode" in r.stdout
+
+
 @pytest.mark.slow  # a full build
 def test_publish_refused_by_policy(write_spec, tmp_path):
     spec = _spec(write_spec, **{"require: [graph, precision]": "require: [graph, precision, kernels]"})

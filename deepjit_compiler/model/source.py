@@ -11,7 +11,7 @@ import onnx
 from ..errors import ModelError, SpecError, closest
 from ..spec.load import LoadedSpec
 from .info import external_data, load_model, tensor_info
-from .synth import write_synthetic
+from .synth import synthesize_yolov8, write_synthetic
 
 log = logging.getLogger("deepjit.model")
 
@@ -36,18 +36,26 @@ def _model_digest(path: Path, data: bytes, external: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
-    """Load the spec's model; synthesize it first when the file is missing and `synthesize` is set."""
+def resolve_model(loaded: LoadedSpec, *, write: bool = True) -> ResolvedModel:
+    """Load the spec's model; synthesize it first when the file is missing and `synthesize` is set.
+    With `write=False` (a dry run) a synthesized model stays in memory: nothing is written."""
     src = loaded.spec.model
-    synthesized = False
     if not src.path.exists():
         if src.synthesize is None:
             raise ModelError(f"{loaded.path}: model.path: {src.path} does not exist "
                              f"(export it from ultralytics, or set `model.synthesize: yolov8s` for a synthetic one)")
-
+        options = dict(seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
+        if not write:
+            log.info("synthesizing %s (seed %d) in memory: a dry run writes nothing (a build writes it to %s)",
+                     src.synthesize, src.seed, src.path)
+            model = synthesize_yolov8(src.synthesize, **options)
+            data = model.SerializeToString()
+            return ResolvedModel(src.path, model, data, True, (), hashlib.sha256(data).hexdigest())
         log.info("synthesizing %s (seed %d) at %s", src.synthesize, src.seed, src.path)
-        write_synthetic(src.synthesize, src.path, seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
+        write_synthetic(src.synthesize, src.path, **options)
         synthesized = True
+    else:
+        synthesized = False
     model = load_model(src.path)
     data = src.path.read_bytes()
     external = external_data(onnx.load_from_string(data), src.path)
