@@ -210,3 +210,68 @@ def _dim_name(observed: list[int], values: list[dict[str, int]]) -> str | None:
             if len(ks) == 1 and (k := ks.pop()) > 1:
                 return f"{key}/{k}"
     return None
+
+
+# --- which input sizes a model takes -------------------------------------------------------------
+
+_WEIGHTS_BYTES = 4096  # initializers larger than this are weights, not shape constants
+
+
+def shape_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` for shape inference only: its weights become typed graph inputs (their shapes are all
+    inference needs), so checking a 44 MB model at several input sizes copies none of its weights."""
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    g = out.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        if t.ByteSize() > _WEIGHTS_BYTES:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            g.initializer.append(t)
+    return out
+
+
+def _at(skeleton: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(skeleton)
+    for vi in m.graph.input:
+        if vi.name in shapes:
+            for d, v in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    return m
+
+
+def shape_problem(skeleton: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """Why ONNX's strict shape inference rejects the model with its inputs at `shapes` (an input
+    size its layers do not fit, such as a Concat of feature maps 19 and 20 wide), or None."""
+    try:
+        onnx.shape_inference.infer_shapes(_at(skeleton, shapes), check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
+        first = str(e).replace("[ShapeInferenceError] Inference error(s): ", "").strip().splitlines()[0]
+        return first[:300]
+    return None
+
+
+def input_stride(skeleton: onnx.ModelProto, inputs: Iterable[str], size: int = 1024) -> int:
+    """The largest factor by which the model's tensors shrink the symbolic non-batch dims of
+    `inputs` (32 for a detector whose coarsest feature map is 1/32 of the image), from shape
+    inference at two sizes: a tensor dim that doubles with them is the input size over that factor."""
+    names = set(inputs)
+
+    def dims_at(value: int) -> dict[str, tuple[int, ...]]:
+        shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else (1 if i == 0 else value)
+                            for i, d in enumerate(vi.type.tensor_type.shape.dim)]
+                  for vi in skeleton.graph.input if vi.name in names}
+        inferred = infer_shapes(_at(skeleton, shapes))
+        return {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim) for vi in inferred.graph.value_info}
+
+    small, large = dims_at(size), dims_at(2 * size)
+    factors = {size // a for name, dims in small.items() if len(dims) == len(large.get(name, ()))
+               for a, b in zip(dims, large[name]) if a > 0 and b == 2 * a and size % a == 0}
+    return max(factors, default=1)

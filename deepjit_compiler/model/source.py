@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import ModelError, SpecError, closest
+from ..graph.shapes import input_stride, shape_problem, shape_skeleton
 from ..spec.load import LoadedSpec
 from .info import external_data, load_model, tensor_info
 from .synth import synthesize_yolov8, write_synthetic
@@ -93,3 +94,36 @@ def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:
     missing = [n for n in graph_inputs if n not in spec.inputs and n not in replaced]
     if missing:
         raise SpecError(f"{where}: inputs: the model also needs {missing}; describe every model input")
+    check_input_sizes(loaded, model, [n for n in spec.inputs if n in graph_inputs])
+
+
+def check_input_sizes(loaded: LoadedSpec, model: onnx.ModelProto, names: list[str]) -> None:
+    """The model must run at each shape of the spec's profiles: an image size its strides do not
+    divide (300 for a detector that halves it five times) fails here, naming the input and what is
+    allowed, instead of deep inside ONNX Runtime later. Only symbolic model dims are checked: fixed
+    ones were matched above."""
+    spec, where = loaded.spec, loaded.path
+    graph_inputs = {i.name: tensor_info(i) for i in model.graph.input}
+    free = {n: [i for i, d in enumerate(graph_inputs[n].shape or ()) if i > 0 and not isinstance(d, int)]
+            for n in names}
+    if not any(free.values()):
+        return
+    skeleton = shape_skeleton(model)
+    if shape_problem(skeleton, {}) is not None:
+        log.debug("ONNX's strict shape inference cannot judge this model (custom ops?): input sizes not checked")
+        return
+    for which in ("min", "opt", "max"):
+        shapes = {n: getattr(spec.inputs[n], f"{which}_shape") for n in names}
+        problem = shape_problem(skeleton, shapes)
+        if problem is None:
+            continue
+        stride = input_stride(skeleton, names)
+        odd = [(n, i, shapes[n][i]) for n in names for i in free[n] if shapes[n][i] % stride]
+        name = odd[0][0] if odd else names[0]
+        allowed = "" if not odd else (
+            f"dims {', '.join(map(str, free[name]))} must be multiples of {stride}, the model's feature maps going "
+            f"down to 1/{stride} of its input (" + "; ".join(
+                f"dim {i}: {max(d // stride, 1) * stride} or {(d // stride + 1) * stride}, not {d}"
+                for n, i, d in odd if n == name) + "); ")
+        raise SpecError(f"{where}: inputs.{name}.profile.{which}: the model cannot run at {list(shapes[name])}: "
+                        f"{allowed}ONNX shape inference says: {problem}")
