@@ -229,6 +229,23 @@ class BundleView:
         return (self.manifest.get("target") or {}).get("gpu")
 
     @property
+    def toolchain(self) -> Mapping[str, str]:
+        """The versions that made the bundle: DeepJIT, NVRTC, ONNX, ONNX Runtime, Polygraphy, ..."""
+        value = self.manifest.get("toolchain")
+        return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+    @property
+    def spec_sha256(self) -> str | None:
+        spec = self.manifest.get("spec")
+        return spec.get("sha256") if isinstance(spec, Mapping) else None
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The sha256 of the model the bundle was built from (its file is in the bundle only on request)."""
+        model = self.manifest.get("model")
+        return model.get("sha256") if isinstance(model, Mapping) else None
+
+    @property
     def levels(self) -> Mapping[str, Any]:
         """The validation record: level -> {status, reason, outputs}."""
         return (self.manifest.get("validation") or {}).get("levels") or {}
