@@ -141,10 +141,12 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     # Written once: the GPU levels (where a GPU is) run on the staged files, then the manifest with
     # their record goes in and the bundle moves to its path, or under rejected/ if the gate says no.
     with times.stage("bundle"), StagedBundle(spec.bundle.path, files) as staged:
-        result.report = report = report.with_levels(*gpu_levels(staged.view(manifest), spec, report_dir))
+        result.report = report = report.with_levels(*gpu_levels(staged.view(manifest), spec, report_dir,
+                                                                resolved.model))
         passed = report.passed or not spec.validation.gate
         dest = spec.bundle.path if passed else spec.bundle.path.parent / "rejected" / spec.bundle.path.name
-        result.bundle = staged.commit(dest, {**manifest, "validation": report.to_record()})
+        result.bundle = staged.commit(dest, {**manifest, "validation": report.to_record()},
+                                      archive=spec.bundle.archive)
     if result.bundle.path != spec.bundle.path:  # rejected: the report goes with the bundle
         result.rejected = result.bundle.path
     final = report_path(result.bundle.path)

@@ -26,6 +26,12 @@ def dump_dir() -> Path | None:
     return Path(env) if env else None
 
 
+def keep_run_results() -> bool:
+    """$DEEPJIT_KEEP_RUN_RESULTS=1: keep Polygraphy's RunResults of every comparison in the build
+    report (default: only of those that failed; they are the size of every output of every sample)."""
+    return os.environ.get("DEEPJIT_KEEP_RUN_RESULTS", "") not in ("", "0")
+
+
 def log_level() -> str:
     """$DEEPJIT_LOG_LEVEL: logging level for the deepjit.* loggers (default INFO)."""
     return os.environ.get("DEEPJIT_LOG_LEVEL", "INFO").upper()

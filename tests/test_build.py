@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO, YOLOV8N_T4, run_cli
 
 from deepjit_compiler.build import build_pipeline
+from deepjit_compiler.bundle.archive import pack
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.errors import StoreError
 from deepjit_compiler.runtime import run as runbundle
@@ -21,8 +22,12 @@ def _spec(write_spec, **extra):
     return write_spec({**N, **extra})
 
 
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.slow  # a full build
-def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_path):
+def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_path, monkeypatch):
     result = t4_build  # the first build, in its own folder (conftest.py)
     first = Path(result.spec.path).parent
     bundle = read_bundle(first / "out/yolov8n_t4")
@@ -43,14 +48,27 @@ def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_pa
     assert "/tmp/" not in json.dumps(m) and str(first) not in json.dumps(m)
     digest = result.bundle.digest
     assert bundle.digest == digest and result.published.digest == digest
-    # The same spec built again in another folder: the same bytes, kernels from the compile cache.
+    # What a build leaves on disk: the folder (no archive: the store holds that), the store blob and
+    # a report without RunResults (they are kept for failed comparisons only)
+    assert sorted(p.name for p in (first / "out").iterdir()) == ["yolov8n_t4", "yolov8n_t4.report"]
+    assert sorted(p.name for p in (first / "out/yolov8n_t4.report").iterdir()) == ["build-report.json"]
+    blob = first / "store/blobs/sha256" / f"{digest.split(':')[1]}.tar.gz"
+    assert blob.is_file() and "reference/model.onnx" not in bundle.files
+    # The same spec built again in another folder, asking for the archive and every RunResults: the
+    # same bytes, kernels from the compile cache.
+    again = build_pipeline(_spec(write_spec, **{"path: out/yolov8n_t4": "path: out/yolov8n_t4\n  archive: true"}),
+                           publish=False)
+    assert again.bundle.digest != digest  # the spec differs, and the bundle carries it
+    assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == pack(tmp_path / "out/yolov8n_t4")
+    monkeypatch.setenv("DEEPJIT_KEEP_RUN_RESULTS", "1")
     again = build_pipeline(_spec(write_spec), publish=False)
     assert again.bundle.digest == digest
-    assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == (first / "out/yolov8n_t4.tar.gz").read_bytes()
+    assert tree(tmp_path / "out/yolov8n_t4") == tree(first / "out/yolov8n_t4")
+    assert not (tmp_path / "out/yolov8n_t4.tar.gz").exists()  # the archive of the first build here went stale
     assert all(k.from_cache for ks in again.kernels.values() for k in ks)  # the second build hits the cache
     from polygraphy.comparator import RunResults
 
-    runs = RunResults.load(str(first / "out/yolov8n_t4.report/precision.runresults.json"))
+    runs = RunResults.load(str(tmp_path / "out/yolov8n_t4.report/precision.runresults.json"))
     assert [name for name, _ in runs] == ["fp32", "fp16"] and len(runs["fp16"]) == 2  # 2 samples
 
 

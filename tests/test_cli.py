@@ -134,9 +134,12 @@ def test_internal_error_exits_3_with_traceback(monkeypatch, capsys):
     assert "Traceback" in err and "ZeroDivisionError" in err and "internal error" in err
 
 
-def test_validate_needs_a_bundle_folder_and_a_gpu(t4_build):
-    archive = f"{t4_build.bundle.path}.tar.gz"
-    r = run_cli("validate", archive)
+def test_validate_needs_a_bundle_folder_and_a_gpu(t4_build, tmp_path):
+    from deepjit_compiler.bundle.archive import pack_to
+
+    archive = tmp_path / "b.tar.gz"
+    pack_to(t4_build.bundle.path, archive)
+    r = run_cli("validate", str(archive))
     assert r.returncode == 2 and "records its results in a bundle folder" in r.stderr
     from conftest import HAS_GPU
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import logging
 import os
 import shutil
@@ -174,6 +175,20 @@ def _extract_into(tar: tarfile.TarFile, root: Path, label: str, max_bytes: int) 
         if total > max_bytes + _TRAILER_SLACK:
             raise BundleError(f"{label}: the archive goes on past its members ({total} bytes inflated); refused")
     return sorted(names.files)
+
+
+def archived_manifest(path: Path, max_bytes: int = 16 << 20) -> dict | None:
+    """The manifest.json inside the bundle archive at `path`, or None when it is not one (read as a
+    stream, nothing extracted): how a build knows a `.tar.gz` at its output path is its own."""
+    try:
+        with tarfile.open(path, mode="r|gz") as tar:
+            for member in tar:
+                if member.name == "manifest.json" and member.isfile() and member.size <= max_bytes:
+                    data = json.loads(tar.extractfile(member).read())
+                    return data if isinstance(data, dict) and "digest" in data and "files" in data else None
+    except (OSError, tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, ValueError, RecursionError):
+        return None
+    return None
 
 
 def safe_extract(source: bytes | Path, dest: Path, max_bytes: int | None = None) -> list[str]:

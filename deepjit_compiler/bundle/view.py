@@ -289,8 +289,18 @@ class BundleView:
         """The outputs that are detections, as the kernels' contracts declare them."""
         return tuple(d for s in self.steps for k in s.kernels if (d := self.contract(k).model.roles.detections))
 
+    @property
+    def reference_model(self) -> str | None:
+        """The bundle path of the fp32 model it was built from, when it carries it (`bundle.reference_model`)."""
+        model = self.manifest.get("model")
+        file = model.get("file") if isinstance(model, Mapping) else None
+        return file if isinstance(file, str) and file in self.files else None
+
     def model_file(self) -> str:
-        return str(_field(self.manifest.get("model"), "file", "model"))
+        if self.reference_model is None:
+            raise BundleError(f"{self.source}: the bundle carries no reference model (build it with "
+                              "`bundle.reference_model: true` to re-validate it end to end)")
+        return self.reference_model
 
     def spec(self) -> Spec:
         """The spec the bundle was built from (its text is in the bundle); paths resolve inside it."""

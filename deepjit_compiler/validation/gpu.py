@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
+
 from ..bundle.folder import read_bundle, update_bundle
 from ..bundle.view import BundleView
 from ..engines import local_device_sm
@@ -17,8 +19,10 @@ from .gate import GateReport, LevelResult, not_run
 from .kernels import kernels_level
 
 
-def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None = None) -> list[LevelResult]:
-    """The kernels and end_to_end levels on this GPU; `spec`: the build's (default: the bundle's own)."""
+def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None = None,
+                   original: onnx.ModelProto | None = None) -> list[LevelResult]:
+    """The kernels and end_to_end levels on this GPU; `spec`: the build's (default: the bundle's own);
+    `original`: the fp32 model (default: the bundle's copy, if it carries one)."""
     view = read_bundle(bundle)
     spec = spec or view.spec()
     models = {s.name: view.onnx(s.file) for s in view.steps}
@@ -27,15 +31,16 @@ def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None
     envs = [cpu.tensors(f) for f in feeds]
     gpu = Gpu()
     return [kernels_level(gpu, view, models, envs, spec, report_dir),
-            end_to_end_level(view, models, feeds, spec, report_dir)]
+            end_to_end_level(view, models, feeds, spec, report_dir, original)]
 
 
-def gpu_levels(bundle: BundleView, spec, report_dir: Path | None = None) -> list[LevelResult]:
+def gpu_levels(bundle: BundleView, spec, report_dir: Path | None = None,
+               original: onnx.ModelProto | None = None) -> list[LevelResult]:
     """The kernels and end_to_end levels, where this machine has a GPU; recorded as not run elsewhere."""
     if local_device_sm() is None:
         why = "no GPU on this machine: run `deepjit validate BUNDLE` on one"
         return [not_run("kernels", why), not_run("end_to_end", why)]
-    return run_gpu_levels(bundle, spec, report_dir)
+    return run_gpu_levels(bundle, spec, report_dir, original)
 
 
 def validate_bundle(bundle_path: Path) -> tuple[BundleView, list[LevelResult]]:

@@ -434,3 +434,13 @@ def test_a_manifest_nested_absurdly_deep_is_a_bundle_error(tmp_path, sample):
     (info.path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(BundleError, match="nested absurdly deep"):
         read_bundle(info.path)
+
+
+def test_without_an_archive_a_stale_one_is_removed_but_a_foreign_file_stays(tmp_path, sample):
+    files, manifest = sample
+    first = write_bundle(tmp_path / "b", files, manifest)  # with its archive
+    again = write_bundle(tmp_path / "b", files, {**manifest, "name": "other"}, archive=False)
+    assert again.archive is None and not (tmp_path / "b.tar.gz").exists() and first.archive == tmp_path / "b.tar.gz"
+    (tmp_path / "b.tar.gz").write_bytes(b"my own tarball, not a bundle")
+    write_bundle(tmp_path / "b", files, manifest, archive=False)
+    assert (tmp_path / "b.tar.gz").read_bytes() == b"my own tarball, not a bundle"
