@@ -30,18 +30,19 @@ def _console(file=None) -> Console:
 
 def print_build(result) -> None:
     d = result.to_dict()
+    spec = result.spec.spec
     out = _console()
     model = d["model"]
     out.print(f"[bold]{d['name']}[/bold]: target {d['target']['gpu'] or ''} sm_{d['target']['sm']}")
     out.print(f"model {model['path']} (sha256 {model['sha256'][:12]}…"
               + (", synthesized" if model["synthesized"] else "") + ")")
     steps = Table(title="pipeline, in run order")
-    for col in ("#", "step", "kind", "inputs -> outputs", "runs on"):
-        steps.add_column(col)
+    for col in ("#", "step", "kind", "inputs", "outputs", "runs on"):
+        steps.add_column(col, no_wrap=col in ("inputs", "outputs", "runs on"))  # a tensor per line, names whole
     for i, st in enumerate(d["plan"] or [], 1):
-        runs = ", ".join(st.get("kernels", [])) or (d["engine"] or {}).get("backend", "engine")
-        steps.add_row(str(i), st["name"], st["kind"], f"{len(st['inputs'])} -> {', '.join(t['name'] for t in st['outputs'])}",
-                      runs)
+        runs = ", ".join(st.get("kernels", [])) or _engine_text(d["engine"], spec.engine.precision)
+        steps.add_row(str(i), st["name"], st["kind"] + (f" ({st['position']})" if st.get("position") else ""),
+                      _tensors(st["inputs"]), _tensors(st["outputs"]), runs)
     out.print(steps)
     for line in d["notes"]:
         out.print(line)
@@ -57,16 +58,47 @@ def print_build(result) -> None:
         levels.add_column(col)
     style = {"passed": "green", "failed": "bold red", "not_run": "yellow"}
     for name, lv in d["validation"]["levels"].items():
-        detail = lv.get("reason", "")
-        for out_name, o in lv.get("outputs", {}).items():
-            detail += f"\n{out_name}: " + (o["detail"] or f"max abs {o['max_abs']:.3g}, median abs {o['median_abs']:.3g}")
-        levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", detail.strip())
+        lines = [lv.get("reason", "")] + [f"{o}: {_figures(name, o, r)}; {gate_rule(spec, name, o)}" if name != "graph"
+                                          else f"{o}: {r['detail']}" for o, r in lv.get("outputs", {}).items()]
+        levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", "\n".join(x for x in lines if x))
     out.print(levels)
     if d["bundle"]:
         where = "REJECTED, written to" if d["rejected"] else "bundle"
         out.print(f"{where} {d['bundle']['path']} ({d['bundle']['digest']})")
     if d["published"]:
         out.print(f"published {d['published']['ref']}")
+
+
+def _engine_text(engine: Mapping[str, Any] | None, precision: str) -> str:
+    if engine is None:
+        return f"engine ({precision})"
+    if engine["deferred"]:
+        return f"{engine['backend']} {precision}, plan deferred\n(ONNX Runtime here)"
+    return f"{engine['backend']} {precision}"
+
+
+_STATISTIC = {"elemwise": "per element", "max": "on the max", "mean": "on the mean", "median": "on the median"}
+
+
+def _figures(level: str, name: str, o: Mapping[str, Any]) -> str:
+    if o.get("detail"):
+        return o["detail"]
+    return (f"max abs {o['max_abs']:.3g} (median {o['median_abs']:.3g}), "
+            f"max rel {o['max_rel']:.3g} (median {o['median_rel']:.3g}), {'passed' if o['passed'] else 'FAILED'}")
+
+
+def gate_rule(spec, level: str, output: str) -> str:
+    """The rule an output of a level is held to, from the spec's tolerances (Polygraphy's semantics: a
+    value passes when its abs error is within atol or its rel error within rtol; detections match as sets)."""
+    v = spec.validation
+    lossy = spec.engine.precision != "fp32"
+    tol = v.precision_tolerances if level == "precision" or (level == "end_to_end" and lossy) else v.tolerances
+    if output.startswith("detections"):
+        d = tol.detections
+        return (f"gate: same class, IoU >= {d.min_iou:g}, score within {d.score_atol:g}; up to "
+                f"{d.count_tolerance} or {d.unmatched_fraction:.0%} unmatched per image")
+    t = tol.outputs.get(output, tol.default)
+    return f"gate: abs <= {t.atol:g} or rel <= {t.rtol:g}, {_STATISTIC[t.check_error_stat]}"
 
 
 @dataclass(frozen=True)
@@ -140,7 +172,7 @@ def _render_bundle(d: dict[str, Any]) -> str:
                   f"max {i['max']}, graph buckets {i['buckets']}")
     steps = Table(title="steps, in run order")
     for col in ("#", "step", "kind", "inputs", "outputs", "runs on"):
-        steps.add_column(col)
+        steps.add_column(col, no_wrap=col in ("inputs", "outputs", "runs on"))
     for n, st in enumerate(d["steps"], 1):
         steps.add_row(str(n), st["name"], st["kind"] + (f" ({st['position']})" if st.get("position") else ""),
                       _tensors(st["inputs"]), _tensors(st["outputs"]), _runs_on(st))

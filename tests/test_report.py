@@ -6,7 +6,7 @@ import json
 from conftest import run_cli
 
 from deepjit_compiler.bundle.folder import read_bundle
-from deepjit_compiler.report import describe
+from deepjit_compiler.report import describe, print_build
 
 
 def test_describe_reads_the_steps_their_kernels_and_the_validation_figures(t4_build):
@@ -40,3 +40,15 @@ def test_inspect_bundle_prints_tables_and_json(t4_build):
     assert "{'" not in text  # no Python dicts
     r = run_cli("inspect", str(t4_build.bundle.path), "--json")
     assert json.loads(r.stdout) == describe(t4_build.bundle.path)
+
+
+def test_the_build_table_shows_tensors_the_engine_and_each_outputs_gate(t4_build, capsys):
+    print_build(t4_build)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    # tensor names whole (a pipe is not cut at 80 columns), with dtype and shape
+    assert any("/model.22/cv2.0/cv2.0.2/Conv_output_0 float32 ['batch', 64, 80, 80]" in line for line in lines)
+    assert "tensorrt fp16, plan deferred" in out and "(ONNX Runtime here)" in out
+    precision = next(line for line in lines if "output0: max abs" in line)
+    assert "gate: abs <= 0.05 or rel <= 0.05, on the median" in precision  # the spec's precision_tolerances
+    assert "gate: same class, IoU >= 0.9" in out
