@@ -2,7 +2,7 @@
 
 model -> surgery -> graph level (reassembly) -> precision (+ its level) -> kernels (NVRTC) ->
 engines -> bundle staged -> GPU levels when a GPU is here -> gate -> bundle committed (or rejected/)
--> publish.
+-> publish. The graph and precision stages are cached by the digest of what each reads (stagecache.py).
 """
 from __future__ import annotations
 
@@ -12,21 +12,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from .bundle.contents import bundle_files, bundle_manifest
 from .bundle.folder import StagedBundle, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
 from .errors import GateFailed, OutputError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
+from .graph.serialize import model_bytes
 from .jit.contracts import declared_detections
 from .jit.nvrtc import compile_site_kernels
 from .log import StageTimes
 from .model.source import ResolvedModel, check_inputs, resolve_model
+from .precision.calibration import CalibrationSettings
 from .spec.load import LoadedSpec, load_spec
+from .stagecache import StageCache, arrays_digest, folder_digest, level_from_record, level_record
 from .store.publish import publish as push
 from .surgery.cut import plan_from_model
-from .validation.data import feeds_for
+from .validation.data import feeds_for, symbolic_dims
 from .validation.engine import engine_level
-from .validation.gate import GateReport
+from .validation.gate import GateReport, LevelResult
 from .validation.gpu import gpu_levels
 from .validation.graph import graph_level
 from .validation.precision import precision_stage
@@ -74,6 +79,7 @@ class BuildResult:
             "published": None if self.published is None else {"ref": self.published.ref,
                                                               "digest": self.published.digest},
             "seconds": self.times.seconds,
+            "cached": self.times.cached,
             "gate_failed": self.gate_failed,
             "notes": self.notes,
         }
@@ -117,15 +123,19 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     loaded, resolved, plan, times = result.spec, result.model, result.plan, result.times
     spec = loaded.spec
     feeds = feeds_for(spec, plan.inputs)
+    cache, plan_digest = StageCache(), plan.digest()
     with times.stage("graph"):
-        report = GateReport().with_levels(graph_level(spec, plan, resolved.model))
+        report = GateReport().with_levels(_graph(cache, times, spec, plan, plan_digest, resolved))
     with times.stage("precision"):
         detections = declared_detections((k.contract for s in (*plan.sites, *plan.added) for k in s.kernels),
                                          loaded.folder)
-        segments, precision_level = precision_stage(spec, plan, resolved.model, feeds, report_dir, detections)
+        segments, precision_level = _precision(cache, times, spec, plan, plan_digest, resolved, feeds, report_dir,
+                                               detections)
         report = report.with_levels(precision_level)
     with times.stage("kernels"):
         result.kernels = compile_kernels(loaded, plan)
+        if all(k.from_cache for ks in result.kernels.values() for k in ks):
+            times.mark_cached("kernels")
     settings = EngineSettings.from_spec(spec)
     with times.stage("engines"):
         result.decision = decide(settings)
@@ -155,6 +165,46 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     replace_dir(report_dir, final)
 
 
+
+
+def _graph(cache: StageCache, times: StageTimes, spec, plan, plan_digest: str, resolved: ResolvedModel) -> LevelResult:
+    """The graph level, or its cached result: it reads the plan, the model and the random inputs' settings."""
+    v = spec.validation
+    material = {"plan": plan_digest, "model": resolved.sha256, "seed": v.seed, "samples": v.samples,
+                "batch": v.batch, "ranges": v.data.random.ranges if v.data.random else None,
+                "dims": symbolic_dims(spec)}
+    hit = cache.get("graph", material)
+    if hit is not None:
+        times.mark_cached("graph")
+        return level_from_record(hit[0]["level"])
+    level = graph_level(spec, plan, resolved.model)
+    if level.status != "failed":
+        cache.put("graph", material, {}, {"level": level_record(level)})
+    return level
+
+
+def _precision(cache: StageCache, times: StageTimes, spec, plan, plan_digest: str, resolved: ResolvedModel, feeds,
+               report_dir: Path, detections) -> tuple[dict[str, onnx.ModelProto], LevelResult]:
+    """The rewritten segments and the precision level, or their cached copies: they read the plan, the
+    model, the engine's precision fields, calibration (and its data), the precision tolerances and
+    the validation feeds."""
+    e = spec.engine
+    calibration = CalibrationSettings.from_spec(spec)
+    material = {"plan": plan_digest, "model": resolved.sha256, "precision": e.precision, "keep_fp32": e.keep_fp32,
+                "calibration": None if calibration is None else [repr(calibration), folder_digest(calibration.data)],
+                "tolerances": spec.validation.precision_tolerances.model_dump(mode="json"),
+                "feeds": arrays_digest(feeds), "detections": [d.model_dump() for d in detections]}
+    hit = cache.get("precision", material)
+    if hit is not None:
+        meta, blobs = hit
+        times.mark_cached("precision")
+        return ({name: onnx.load_from_string(blobs[f"{name}.onnx"]) for name in meta["segments"]},
+                level_from_record(meta["level"]))
+    segments, level = precision_stage(spec, plan, resolved.model, feeds, report_dir, detections)
+    if level.status != "failed":
+        cache.put("precision", material, {f"{name}.onnx": model_bytes(m) for name, m in segments.items()},
+                  {"segments": list(segments), "level": level_record(level)})
+    return segments, level
 
 
 def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:

@@ -13,6 +13,13 @@ def cache_dir() -> Path:
     return Path(env) if env else Path(platformdirs.user_cache_dir("deepjit")) / "kernels"
 
 
+def stage_cache_dir() -> Path:
+    """Where the build caches its graph and precision stages: `stages/` under $DEEPJIT_CACHE_DIR,
+    else under the user cache dir."""
+    env = os.environ.get("DEEPJIT_CACHE_DIR")
+    return (Path(env) if env else Path(platformdirs.user_cache_dir("deepjit"))) / "stages"
+
+
 def cache_key_file() -> Path:
     """$DEEPJIT_CACHE_KEY_FILE: the secret that signs this user's kernel cache entries (default: in the
     user config folder, outside any cache folder a team might share)."""

@@ -35,9 +35,11 @@ def set_level(name: str) -> None:
 
 @dataclass
 class StageTimes:
-    """Seconds per build stage, for build-report.json (never in the manifest: it must not change)."""
+    """Seconds per build stage, and which stages a cache answered, for build-report.json (never in
+    the manifest: it must not change)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    cached: list[str] = field(default_factory=list)
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -47,7 +49,11 @@ class StageTimes:
         with _spinner(name):
             yield
         self.seconds[name] = round(time.perf_counter() - start, 3)
-        logger.info("finished %s in %.2f s", name, self.seconds[name])
+        logger.info("finished %s in %.2f s%s", name, self.seconds[name], " (cached)" if name in self.cached else "")
+
+    def mark_cached(self, name: str) -> None:
+        if name not in self.cached:
+            self.cached.append(name)
 
 
 @contextlib.contextmanager

@@ -46,6 +46,8 @@ def print_build(result) -> None:
     out.print(steps)
     for line in d["notes"]:
         out.print(line)
+    if d["cached"]:
+        out.print(f"cached: {', '.join(d['cached'])} (nothing they read changed since an earlier build)")
     for stage, ks in d["kernels"].items():
         for k in ks:
             out.print(f"kernel {stage}/{k['contract']}: {k['arch']} cubin + {k['ptx_arch']} PTX, NVRTC {k['nvrtc_version']}"

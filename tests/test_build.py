@@ -76,7 +76,8 @@ def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_pa
 def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     strict = ("  gate: true", "  precision_tolerances:\n    default: {atol: 0.0, rtol: 0.0}\n"
               "    detections: {min_iou: 1.0, score_atol: 0.0}\n  gate: true")
-    spec = _spec(write_spec, **{strict[0]: strict[1]})
+    keep = ("  precision: fp16", "  precision: fp16\n  keep_fp32: [Softmax]")  # the DFL softmax is in the cut
+    spec = _spec(write_spec, **{strict[0]: strict[1], keep[0]: keep[1]})
     r = run_cli("build", str(spec), "--json")
     assert r.returncode == 1, r.stderr
     assert "accuracy gate failed" in r.stderr and "precision: output0: max abs" in r.stderr

@@ -82,8 +82,9 @@ stats = CacheStats()
 class KernelCache:
     """get(key) -> (meta, blobs) or None; put(key, blobs, meta)."""
 
-    def __init__(self, root: Path | None = None):
+    def __init__(self, root: Path | None = None, *, what: str = "kernel cache"):
         self.root = Path(root) if root is not None else config.cache_dir()
+        self.what = what  # for its log lines: the build's stage cache keeps its entries the same way
 
     def folder(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -109,7 +110,7 @@ class KernelCache:
         return meta, blobs
 
     def _corrupt(self, key: str, why: str) -> None:
-        log.warning("ignoring corrupt kernel cache entry %s: %s; it will be rebuilt", self.folder(key), why)
+        log.warning("ignoring corrupt %s entry %s: %s; it will be rebuilt", self.what, self.folder(key), why)
         stats.bump("corrupt")
         stats.bump("misses")
         return None
@@ -125,6 +126,6 @@ class KernelCache:
             atomic_write(folder / META, json.dumps(record, indent=1, sort_keys=True, default=list).encode())
         except OSError as e:
             # A read-only or full cache must not fail the build: the kernel is compiled either way.
-            log.warning("cannot write kernel cache entry %s: %s", folder, e)
+            log.warning("cannot write %s entry %s: %s", self.what, folder, e)
             return
         stats.bump("writes")
