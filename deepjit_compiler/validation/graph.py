@@ -20,6 +20,7 @@ from onnx import helper
 
 from ..graph.ort import random_array
 from ..graph.tensors import TensorSig
+from ..log import Progress
 from ..surgery.plan import AddedStage, Plan
 from .data import symbolic_dims
 from .executor import StepRunner, WiringError, plan_runner
@@ -126,25 +127,27 @@ def check_reassembly(plan: Plan, original: onnx.ModelProto, *, seed: int, sample
     rng = np.random.default_rng(seed)
     worst: dict[str, tuple[bool, float, np.ndarray]] = {}
     first = None
-    for _ in range(samples):
-        feed = _feed(plan.inputs, rng, batch, input_ranges or {}, dims or {})
-        ref = reference.tensors(feed)
+    with Progress("graph level", samples, unit="samples", logger=log.name) as progress:
+        for _ in range(samples):
+            feed = _feed(plan.inputs, rng, batch, input_ranges or {}, dims or {})
+            ref = reference.tensors(feed)
 
-        def compare(step: str, outputs) -> None:
-            nonlocal first
-            first = first or _first_mismatch(step, outputs, ref)
+            def compare(step: str, outputs) -> None:
+                nonlocal first
+                first = first or _first_mismatch(step, outputs, ref)
 
-        try:
-            got = pieces.tensors(feed, after=compare)
-            missing = [t.name for t in plan.outputs if t.name not in got]
-            if missing:
-                raise WiringError(f"pipeline output '{missing[0]}' is produced by no step")
-        except WiringError as e:
-            return ReassemblyReport((), seed, samples, first, str(e), time.perf_counter() - t0)
-        for t in plan.outputs:
-            same, diff = _same(got[t.name], ref[t.name])
-            prev = worst.get(t.name)
-            worst[t.name] = (same and (prev is None or prev[0]), max(diff, prev[1] if prev else 0.0), got[t.name])
+            try:
+                got = pieces.tensors(feed, after=compare)
+                missing = [t.name for t in plan.outputs if t.name not in got]
+                if missing:
+                    raise WiringError(f"pipeline output '{missing[0]}' is produced by no step")
+            except WiringError as e:
+                return ReassemblyReport((), seed, samples, first, str(e), time.perf_counter() - t0)
+            for t in plan.outputs:
+                same, diff = _same(got[t.name], ref[t.name])
+                prev = worst.get(t.name)
+                worst[t.name] = (same and (prev is None or prev[0]), max(diff, prev[1] if prev else 0.0), got[t.name])
+            progress.advance()
     checks = tuple(OutputCheck(n, str(a.dtype), tuple(a.shape), d, s) for n, (s, d, a) in worst.items())
     report = ReassemblyReport(checks, seed, samples, first, None, time.perf_counter() - t0)
     (log.info if report.passed else log.warning)("%s (%.2f s)", report.describe(), report.seconds)

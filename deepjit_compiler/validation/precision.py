@@ -8,6 +8,7 @@ from pathlib import Path
 import onnx
 
 from ..jit.contract_models import Detections
+from ..log import Progress
 from ..precision.calibration import CalibrationSettings
 from ..precision.emulate import emulate_in_fp32
 from ..precision.rewrite import DEFAULT_KEEP_FP32, apply_precision, check_keep_fp32
@@ -31,8 +32,9 @@ def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path 
     # ONNX Runtime's CPU kernels would hide fp16 rounding (and lack bf16 convs): run an fp32 twin
     # that rounds every low-precision tensor where the rewritten graph stores one.
     twins = {name: emulate_in_fp32(m) for name, m in segments.items()}
-    level = compare_runs("precision", reference_runner(plan, model, "fp32"),
-                         pipeline_runner(plan, twins, e.precision), feeds, spec.validation.precision_tolerances,
-                         report_dir=report_dir, detections=detections,
-                         detection_params=spec.validation.precision_tolerances.detections.model_dump())
+    with Progress("precision level", len(feeds), unit="samples", logger="deepjit.precision") as progress:
+        level = compare_runs("precision", reference_runner(plan, model, "fp32"),
+                             pipeline_runner(plan, twins, e.precision, progress.advance), feeds,
+                             spec.validation.precision_tolerances, report_dir=report_dir, detections=detections,
+                             detection_params=spec.validation.precision_tolerances.detections.model_dump())
     return segments, LevelResult(level.level, level.status, f"{e.precision} segments vs the fp32 model", level.outputs)
