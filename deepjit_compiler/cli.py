@@ -266,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 2
-    except click.ClickException as e:
+    except click.ClickException as e:  # bad usage, before a command ran (an option, a missing path)
+        if "--json" in (sys.argv[1:] if argv is None else argv):
+            _emit_json({"error": {"type": "UsageError", "message": e.format_message(), "exit_code": 2}})
         e.show()
         return 2
     except SystemExit as e:

@@ -34,6 +34,8 @@ def test_json_is_one_document_on_every_exit_code(write_spec, monkeypatch, capsys
     error = json.loads(r.stdout)["error"]
     assert error["exit_code"] == 2 and error["type"] == "SpecError" and "did you mean 'precision'" in error["message"]
     assert "did you mean 'precision'" in r.stderr  # and the message on stderr, as without --json
+    r = run_cli("inspect", "no-such-bundle", "--json")  # refused by the command line itself
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["type"] == "UsageError"
 
     from deepjit_compiler import cli
 
