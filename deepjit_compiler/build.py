@@ -2,7 +2,8 @@
 
 model -> surgery (segment -> kernel boundaries in the engine's dtype) -> graph level (reassembly) ->
 precision (+ its level) -> kernels (NVRTC) -> engines -> bundle staged -> GPU levels when a GPU is here ->
-gate -> bundle committed (or rejected/) -> publish.
+gate -> bundle committed (or rejected/) -> publish. The graph and precision stages are cached by the
+digest of what each reads (stagecache.py).
 """
 from __future__ import annotations
 
@@ -13,23 +14,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from .bundle.contents import bundle_files, bundle_manifest
 from .bundle.folder import StagedBundle, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
 from .errors import GateFailed, KernelError, OutputError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
+from .graph.serialize import model_bytes
 from .jit.contracts import declared_detections, load_contract, resolve_params
 from .jit.nvrtc import compile_site_kernels
 from .jit.thresholds import check_thresholds
 from .log import StageTimes
 from .model.source import ResolvedModel, check_inputs, resolve_model
 from .precision.boundaries import plan_at_precision
+from .precision.calibration import CalibrationSettings
 from .spec.load import LoadedSpec, load_spec
+from .stagecache import StageCache, arrays_digest, folder_digest, level_from_record, level_record
 from .store.publish import publish as push
 from .surgery.cut import plan_from_model
 from .validation.data import feeds_for
 from .validation.engine import engine_level
-from .validation.gate import GateReport
+from .validation.gate import GateReport, LevelResult
 from .validation.gpu import gpu_levels
 from .validation.graph import graph_level
 from .validation.precision import precision_stage
@@ -81,6 +87,7 @@ class BuildResult:
             "published": None if self.published is None else {"ref": self.published.ref,
                                                               "digest": self.published.digest},
             "seconds": self.times.seconds,
+            "cached": self.times.cached,
             "gate_failed": self.gate_failed,
             "notes": self.notes,
         }
@@ -92,7 +99,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     spec = loaded.spec
     times = StageTimes()
     with times.stage("model"):
-        resolved = resolve_model(loaded)
+        resolved = resolve_model(loaded, write=not dry_run)
         check_inputs(loaded, resolved.model)
     result = BuildResult(loaded, resolved, times=times)
     with times.stage("surgery"):
@@ -104,6 +111,9 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         log.warning("%s", warning)
     result.notes += warnings
     if dry_run:
+        if resolved.synthesized:
+            result.notes.append(f"dry run: the synthetic model was made in memory; a build writes it to "
+                                f"{resolved.path} ({len(resolved.data) / 1e6:.0f} MB)")
         return result
 
     # One build of a bundle path at a time; nothing of the user's is replaced (checked before the
@@ -115,7 +125,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         _build(result, report_dir)
     if result.rejected is not None:
         raise GateFailed("accuracy gate failed; bundle written to " + str(result.bundle.path) + " with its report:\n  "
-                         + "\n  ".join(result.report.failures()), result.report)
+                         + "\n  ".join(result.report.failures()), result.report, result)
     if publish and spec.publish is not None:
         with times.stage("publish"):
             result.published = push(result.bundle.path, spec.publish.store, spec.publish.tag, spec.publish.require)
@@ -127,15 +137,19 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     loaded, resolved, plan, times = result.spec, result.model, result.plan, result.times
     spec = loaded.spec
     feeds = feeds_for(spec, plan.inputs)
+    cache, plan_digest = StageCache(), plan.digest()
     with times.stage("graph"):
-        report = GateReport().with_levels(graph_level(plan, resolved.model, feeds))
+        report = GateReport().with_levels(_graph(cache, times, plan, plan_digest, resolved, feeds))
     with times.stage("precision"):
         detections = declared_detections(((k.contract, k.params) for s in (*plan.sites, *plan.added)
                                           for k in s.kernels), loaded.folder)
-        segments, precision_level = precision_stage(spec, plan, resolved.model, feeds, report_dir, detections)
+        segments, precision_level = _precision(cache, times, spec, plan, plan_digest, resolved, feeds, report_dir,
+                                               detections)
         report = report.with_levels(precision_level)
     with times.stage("kernels"):
         result.kernels = compile_kernels(loaded, plan)
+        if all(k.from_cache for ks in result.kernels.values() for k in ks):
+            times.mark_cached("kernels")
     settings = EngineSettings.from_spec(spec)
     with times.stage("engines"), tempfile.TemporaryDirectory(prefix="deepjit-engines-") as workdir:
         result.decision = decide(settings)
@@ -152,10 +166,12 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     # Written once: the GPU levels (where a GPU is) run on the staged files, then the manifest with
     # their record goes in and the bundle moves to its path, or under rejected/ if the gate says no.
     with times.stage("bundle"), StagedBundle(spec.bundle.path, files) as staged:
-        result.report = report = report.with_levels(*gpu_levels(staged.view(manifest), spec, report_dir))
+        result.report = report = report.with_levels(*gpu_levels(staged.view(manifest), spec, report_dir,
+                                                                resolved.model))
         passed = report.passed or not spec.validation.gate
         dest = spec.bundle.path if passed else spec.bundle.path.parent / "rejected" / spec.bundle.path.name
-        result.bundle = staged.commit(dest, {**manifest, "validation": report.to_record()})
+        result.bundle = staged.commit(dest, {**manifest, "validation": report.to_record()},
+                                      archive=spec.bundle.archive)
     if result.bundle.path != spec.bundle.path:  # rejected: the report goes with the bundle
         result.rejected = result.bundle.path
     final = report_path(result.bundle.path)
@@ -183,6 +199,44 @@ def check_kernel_params(loaded: LoadedSpec, plan) -> list[str]:
         return check_thresholds(kernels)
     except KernelError as e:
         raise KernelError(f"{loaded.path}: {e}") from None
+
+
+def _graph(cache: StageCache, times: StageTimes, plan, plan_digest: str, resolved: ResolvedModel,
+           feeds) -> LevelResult:
+    """The graph level, or its cached result: it reads the plan, the model and the validation feeds."""
+    material = {"plan": plan_digest, "model": resolved.sha256, "feeds": arrays_digest(feeds)}
+    hit = cache.get("graph", material)
+    if hit is not None:
+        times.mark_cached("graph")
+        return level_from_record(hit[0]["level"])
+    level = graph_level(plan, resolved.model, feeds)
+    if level.status != "failed":
+        cache.put("graph", material, {}, {"level": level_record(level)})
+    return level
+
+
+def _precision(cache: StageCache, times: StageTimes, spec, plan, plan_digest: str, resolved: ResolvedModel, feeds,
+               report_dir: Path, detections) -> tuple[dict[str, onnx.ModelProto], LevelResult]:
+    """The rewritten segments and the precision level, or their cached copies: they read the plan, the
+    model, the engine's precision fields, calibration (and its data), the precision tolerances and
+    the validation feeds."""
+    e = spec.engine
+    calibration = CalibrationSettings.from_spec(spec)
+    material = {"plan": plan_digest, "model": resolved.sha256, "precision": e.precision, "keep_fp32": e.keep_fp32,
+                "calibration": None if calibration is None else [repr(calibration), folder_digest(calibration.data)],
+                "tolerances": spec.validation.precision_tolerances.model_dump(mode="json"),
+                "feeds": arrays_digest(feeds), "detections": [[d.declared.model_dump(), d.threshold] for d in detections]}
+    hit = cache.get("precision", material)
+    if hit is not None:
+        meta, blobs = hit
+        times.mark_cached("precision")
+        return ({name: onnx.load_from_string(blobs[f"{name}.onnx"]) for name in meta["segments"]},
+                level_from_record(meta["level"]))
+    segments, level = precision_stage(spec, plan, resolved.model, feeds, report_dir, detections)
+    if level.status != "failed":
+        cache.put("precision", material, {f"{name}.onnx": model_bytes(m) for name, m in segments.items()},
+                  {"segments": list(segments), "level": level_record(level)})
+    return segments, level
 
 
 def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:

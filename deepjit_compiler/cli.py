@@ -1,9 +1,15 @@
-"""The `deepjit` command line. Exit codes: 0 ok, 1 accuracy gate failed, 2 bad input, 3 internal error."""
+"""The `deepjit` command line. Exit codes: 0 ok, 1 accuracy gate failed, 2 bad input, 3 internal error.
+
+stdout carries only a command's result (its table, or with `--json` one JSON document, on every exit
+code); everything logged, by DeepJIT or by the libraries it drives, goes to stderr.
+"""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -11,10 +17,10 @@ import click
 from . import __version__, store
 from . import log as logsetup
 from .build import build_pipeline
-from .errors import DeepJITError
+from .errors import DeepJITError, GateFailed, OutputError
 from .materialize import materialize_bundle
 from .model.synth import write_synthetic
-from .report import inspect_target, print_build
+from .report import format_store, inspect_target, print_build
 from .runtime.run import DEVICES, bench_bundle, format_bench, format_run, run_bundle
 from .runtime.segments import ENGINE_CHOICES
 from .spec.load import json_schema
@@ -30,7 +36,60 @@ def _emit_json(obj) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def json_option(what: str):
+    return click.option("--json", "as_json", is_flag=True,
+                        help=f"Print {what} as one JSON document on stdout (an error too: {{\"error\": ...}}).")
+
+
+def _error_document(e: BaseException) -> dict:
+    code = e.exit_code if isinstance(e, DeepJITError) else 3
+    message = str(e) if isinstance(e, DeepJITError) else f"internal error in DeepJIT (a bug): {type(e).__name__}: {e}"
+    error = {"error": {"type": type(e).__name__, "message": message, "exit_code": code}}
+    result = getattr(e, "result", None)  # a GateFailed carries the build that the gate rejected
+    return {**result.to_dict(), **error} if result is not None else error
+
+
+@contextlib.contextmanager
+def working(as_json: bool = False) -> Iterator[None]:
+    """Around a command's work: whatever a library prints (Polygraphy and GraphSurgeon print their
+    logs) goes to stderr, so stdout holds only the result; with `--json`, a failure still prints one
+    JSON document on stdout before main() reports it on stderr and exits with its code."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except (click.exceptions.Exit, click.exceptions.Abort):
+        raise
+    except Exception as e:
+        if as_json:
+            _emit_json(_error_document(e))
+        raise
+
+
+def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        logsetup.set_level(param.name)
+
+
+def verbosity(f):
+    """-v/-q, accepted before the subcommand (`deepjit -q build`) and after it (`deepjit build -q`)."""
+    f = click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_set_verbosity,
+                     help="Only warnings and errors on stderr.")(f)
+    return click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_set_verbosity,
+                        help="Debug logging on stderr.")(f)
+
+
+class _Group(click.Group):
+    """Every subcommand takes -v/-q too."""
+
+    group_class = type  # `@cli.group()` makes one of these as well
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not isinstance(cmd, click.Group):
+            verbosity(cmd)
+        super().add_command(cmd, name)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="deepjit")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
@@ -41,21 +100,27 @@ def cli(verbose: bool, quiet: bool) -> None:
 
 @cli.command()
 @click.argument("spec", type=click.Path(path_type=Path))
-@click.option("--dry-run", is_flag=True, help="Check the spec and model, print the plan, build nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--dry-run", is_flag=True, help="Check the spec and model, print the plan, build and write nothing.")
+@json_option("the build's result")
 @click.option("--no-publish", is_flag=True, help="Skip the spec's `publish:` step.")
 def build(spec: Path, dry_run: bool, as_json: bool, no_publish: bool) -> None:
     """Build the pipeline described by SPEC (a YAML file)."""
-    result = build_pipeline(spec, dry_run=dry_run, publish=not no_publish)
+    try:
+        with working(as_json):
+            result = build_pipeline(spec, dry_run=dry_run, publish=not no_publish)
+    except GateFailed as e:
+        if not as_json and e.result is not None:
+            print_build(e.result)  # the tables say what failed; main() prints the failures on stderr
+        raise
     _emit_json(result.to_dict()) if as_json else print_build(result)
-    if result.gate_failed:
-        sys.exit(1)
 
 
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of the spec language (for editors)."""
-    _emit_json(json_schema())
+    with working(True):
+        schema = json_schema()
+    _emit_json(schema)
 
 
 @cli.group()
@@ -71,19 +136,25 @@ def model() -> None:
 @click.option("--head-layout", type=click.Choice(["separate", "split"]), default="separate", show_default=True,
               help="split: box+class maps concatenated then Split (older ultralytics); separate: two Concats.")
 @click.option("--batch", type=int, default=None, help="A fixed batch size (default: symbolic 'batch').")
-def model_synth(variant: str, output: Path, seed: int, dynamic: bool, head_layout: str, batch: int | None) -> None:
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it exists.")
+def model_synth(variant: str, output: Path, seed: int, dynamic: bool, head_layout: str, batch: int | None,
+                force: bool) -> None:
     """Write a synthetic YOLOv8 detection ONNX whose graph matches an ultralytics export."""
-    path = write_synthetic(variant, output, seed=seed, dynamic=dynamic, head_layout=head_layout, batch=batch)
+    if (output.exists() or output.is_symlink()) and not force:
+        raise OutputError(f"{output}: exists; refusing to overwrite it (use --force to replace it)")
+    with working():
+        path = write_synthetic(variant, output, seed=seed, dynamic=dynamic, head_layout=head_layout, batch=batch)
     click.echo(f"wrote {path}")
 
 
 @cli.command()
 @click.argument("target", type=EXISTING)
 @click.option("--suggest-cuts", is_flag=True, help="Find the small-kernel wall and propose `cuts:`.")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON on stdout.")
+@json_option("the description")
 def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
     """Describe an ONNX model or a DeepJIT bundle (a folder or .tar.gz)."""
-    info = inspect_target(target, suggest_cuts=suggest_cuts)
+    with working(as_json):
+        info = inspect_target(target, suggest_cuts=suggest_cuts)
     _emit_json(info.data) if as_json else click.echo(info.text)
 
 
@@ -97,10 +168,12 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 @click.option("--device", type=click.Choice(DEVICES), default="gpu", show_default=True,
               help="cpu: the bundle's ONNX segments and its kernels' ONNX references on ONNX Runtime's CPU provider.")
 @ENGINE
-@click.option("--json", "as_json", is_flag=True)
+@json_option("the detections per input")
 def run(bundle: Path, inputs, out, prefer, no_graph, device, engine, as_json) -> None:
     """Run BUNDLE on images or tensors on this GPU (or the CPU); boxes are mapped back to the original images."""
-    result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph, device=device, engine=engine)
+    with working(as_json):
+        result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph, device=device,
+                            engine=engine)
     _emit_json(result) if as_json else click.echo(format_run(result))
 
 
@@ -114,26 +187,28 @@ def run(bundle: Path, inputs, out, prefer, no_graph, device, engine, as_json) ->
 @click.option("--device", type=click.Choice(DEVICES), default="gpu", show_default=True,
               help="cpu: the bundle's ONNX segments and its kernels' ONNX references on ONNX Runtime's CPU provider.")
 @ENGINE
-@click.option("--json", "as_json", is_flag=True)
+@json_option("the latencies per batch size")
 def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, device, engine, as_json) -> None:
     """Latency p50/p95/p99 (whole call and GPU part), throughput, launches and host<->device bytes per call."""
     try:
         sizes = [int(b) for b in batches.split(",")] if batches else None
     except ValueError:
         raise click.BadParameter(f"{batches!r}: give batch sizes like 1,8,32", param_hint="--batch") from None
-    result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer,
-                          device=device, engine=engine)
+    with working(as_json):
+        result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer,
+                              device=device, engine=engine)
     _emit_json(result) if as_json else click.echo(format_bench(result))
 
 
 @cli.command()
 @click.argument("bundle", type=EXISTING)
 @ENGINE
-@click.option("--json", "as_json", is_flag=True)
+@json_option("the bundle's validation record")
 def validate(bundle: Path, engine: str, as_json: bool) -> None:
     """Re-run the validation levels this machine can run (kernels, end_to_end and the plans' engine level on
     a GPU) and record them."""
-    updated, levels = validate_bundle(bundle, engine=engine)
+    with working(as_json):
+        updated, levels = validate_bundle(bundle, engine=engine)
     record = updated.manifest["validation"]
     if as_json:
         _emit_json(record)
@@ -150,7 +225,8 @@ def validate(bundle: Path, engine: str, as_json: bool) -> None:
 def materialize(bundle: Path, timing_cache: Path | None) -> None:
     """Build TensorRT plans of BUNDLE's segments on this (target) GPU (deferred ones, or beside its
     TensorRT-RTX plans), check and record them."""
-    info, report = materialize_bundle(bundle, timing_cache=timing_cache)
+    with working():
+        info, report = materialize_bundle(bundle, timing_cache=timing_cache)
     click.echo(f"materialized {info.path} ({info.digest})")
     if not report.passed:
         click.echo("\n".join(report.failures()), err=True)
@@ -161,10 +237,11 @@ def materialize(bundle: Path, timing_cache: Path | None) -> None:
 @click.argument("bundle", type=EXISTING)
 @click.argument("ref")
 @click.option("--force", is_flag=True, help="Move an existing tag that points at different content.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option("the pushed reference and digest")
 def push(bundle: Path, ref: str, force: bool, as_json: bool) -> None:
     """Push BUNDLE (folder or .tar.gz) to REF: file://PATH:TAG, oci://HOST[:PORT]/REPO:TAG, or a bare TAG."""
-    result = store.push(bundle, ref, force=force)
+    with working(as_json):
+        result = store.push(bundle, ref, force=force)
     data = {"ref": result.ref, "digest": result.digest, "pinned": result.pinned}
     _emit_json(data) if as_json else click.echo(f"pushed {result.ref}\ndigest {result.digest}\npinned {result.pinned}")
 
@@ -174,20 +251,23 @@ def push(bundle: Path, ref: str, force: bool, as_json: bool) -> None:
 @click.argument("dest", required=False, type=click.Path(path_type=Path))
 def pull(ref: str, dest: Path | None) -> None:
     """Pull REF into DEST (default ./TAG), verifying every digest."""
-    click.echo(f"pulled {ref} into {store.pull(ref, dest)}")
+    with working():
+        where = store.pull(ref, dest)
+    click.echo(f"pulled {ref} into {where}")
 
 
 @cli.command("ls")
 @click.argument("store_url", metavar="STORE")
-@click.option("--json", "as_json", is_flag=True)
+@json_option("the tags")
 def ls_(store_url: str, as_json: bool) -> None:
-    """List the tags in STORE (file://PATH or oci://HOST[:PORT]/REPO)."""
-    entries = store.ls(store_url)
+    """List the tags in STORE (file://PATH or oci://HOST[:PORT]/REPO): bundle, validation, size, digest."""
+    with working(as_json):
+        entries = store.ls(store_url)
     if as_json:
-        _emit_json([{"tag": e.tag, "digest": e.digest, "name": e.name, "size": e.size} for e in entries])
+        _emit_json([{"tag": e.tag, "digest": e.digest, "name": e.name, "size": e.size, "validation": dict(e.levels)}
+                    for e in entries])
     else:
-        for e in entries:
-            click.echo(f"{e.tag:30} {e.digest}  {e.name or ''} {e.size or ''}")
+        click.echo(format_store(store_url, entries), nl=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 2
-    except click.ClickException as e:
+    except click.ClickException as e:  # bad usage, before a command ran (an option, a missing path)
+        if "--json" in (sys.argv[1:] if argv is None else argv):
+            _emit_json({"error": {"type": "UsageError", "message": e.format_message(), "exit_code": 2}})
         e.show()
         return 2
     except SystemExit as e:

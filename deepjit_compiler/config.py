@@ -13,6 +13,13 @@ def cache_dir() -> Path:
     return Path(env) if env else Path(platformdirs.user_cache_dir("deepjit")) / "kernels"
 
 
+def stage_cache_dir() -> Path:
+    """Where the build caches its graph and precision stages: `stages/` under $DEEPJIT_CACHE_DIR,
+    else under the user cache dir."""
+    env = os.environ.get("DEEPJIT_CACHE_DIR")
+    return (Path(env) if env else Path(platformdirs.user_cache_dir("deepjit"))) / "stages"
+
+
 def cache_key_file() -> Path:
     """$DEEPJIT_CACHE_KEY_FILE: the secret that signs this user's kernel cache entries (default: in the
     user config folder, outside any cache folder a team might share)."""
@@ -38,6 +45,12 @@ def dump_dir() -> Path | None:
     """$DEEPJIT_DUMP_DIR: where rendered kernels and PTX are also written, for debugging."""
     env = os.environ.get("DEEPJIT_DUMP_DIR")
     return Path(env) if env else None
+
+
+def keep_run_results() -> bool:
+    """$DEEPJIT_KEEP_RUN_RESULTS=1: keep Polygraphy's RunResults of every comparison in the build
+    report (default: only of those that failed; they are the size of every output of every sample)."""
+    return os.environ.get("DEEPJIT_KEEP_RUN_RESULTS", "") not in ("", "0")
 
 
 def log_level() -> str:

@@ -63,16 +63,16 @@ class MissingDependency(DeepJITError):
 
 
 class GateFailed(DeepJITError):
-    """The accuracy gate rejected the build; carries the report."""
+    """The accuracy gate rejected the build; carries the report (and the build's result, for `--json`)."""
 
     exit_code = 1
 
-    def __init__(self, message: str, report=None):
+    def __init__(self, message: str, report=None, result=None):
         super().__init__(message)
-        self.report = report
+        self.report, self.result = report, result
 
     def __reduce__(self):
-        return (type(self), (self.args[0], self.report))
+        return (type(self), (self.args[0], self.report, self.result))
 
 
 def closest(name: str, choices: Iterable[str]) -> str:

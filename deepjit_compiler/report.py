@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import io
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.filesize import decimal as human_size
 from rich.table import Table
 
 from .bundle.folder import read_bundle
@@ -16,35 +19,42 @@ from .engines.tensorrt import parse_network
 from .errors import DeepJITError
 from .graph.serialize import model_bytes
 from .model.info import describe_model, load_model
+from .spec.models import LEVELS
 from .surgery.cut import plan_from_model
 from .surgery.plan import CutRequest
 from .surgery.suggest import format_suggestions
 from .surgery.suggest import suggest_cuts as find
 
 SHOWN_SUGGESTIONS = 5  # format_suggestions' default
+PIPED_WIDTH = 200  # columns of a table written to a file or a pipe: tensor names and digests stay whole
 
 
 def _console(file=None) -> Console:
-    return Console(file=file, highlight=False, soft_wrap=True)
+    """A console for stdout (or `file`): the terminal's width on a TTY, PIPED_WIDTH otherwise."""
+    tty = (file if file is not None else sys.stdout).isatty()
+    return Console(file=file, highlight=False, soft_wrap=True, width=None if tty else PIPED_WIDTH)
 
 
 def print_build(result) -> None:
     d = result.to_dict()
+    spec = result.spec.spec
     out = _console()
     model = d["model"]
     out.print(f"[bold]{d['name']}[/bold]: target {d['target']['gpu'] or ''} sm_{d['target']['sm']}")
     out.print(f"model {model['path']} (sha256 {model['sha256'][:12]}…"
               + (", synthesized" if model["synthesized"] else "") + ")")
     steps = Table(title="pipeline, in run order")
-    for col in ("#", "step", "kind", "inputs -> outputs", "runs on"):
-        steps.add_column(col)
+    for col in ("#", "step", "kind", "inputs", "outputs", "runs on"):
+        steps.add_column(col, no_wrap=col in ("inputs", "outputs", "runs on"))  # a tensor per line, names whole
     for i, st in enumerate(d["plan"] or [], 1):
-        runs = ", ".join(st.get("kernels", [])) or (d["engine"] or {}).get("backend", "engine")
-        steps.add_row(str(i), st["name"], st["kind"], f"{len(st['inputs'])} -> {', '.join(t['name'] for t in st['outputs'])}",
-                      runs)
+        runs = ", ".join(st.get("kernels", [])) or _engine_text(d["engine"], spec.engine.precision)
+        steps.add_row(str(i), st["name"], st["kind"] + (f" ({st['position']})" if st.get("position") else ""),
+                      _tensors(st["inputs"]), _tensors(st["outputs"]), runs)
     out.print(steps)
     for line in d["notes"]:
         out.print(line)
+    if d["cached"]:
+        out.print(f"cached: {', '.join(d['cached'])} (nothing they read changed since an earlier build)")
     for p in (d["engine"] or {}).get("plans", []):
         made = "from the plan cache" if p["from_cache"] else f"built in {p['build_seconds']:.1f} s"
         out.print(f"plan {p['segment']}: {p['flavour']} {p['version']} for compute capability "
@@ -62,20 +72,44 @@ def print_build(result) -> None:
         levels.add_column(col)
     style = {"passed": "green", "failed": "bold red", "not_run": "yellow"}
     for name, lv in d["validation"]["levels"].items():
-        detail = lv.get("reason", "")
-        for out_name, o in lv.get("outputs", {}).items():
-            detail += f"\n{out_name}: " + (o["detail"] or f"max abs {o['max_abs']:.3g}, median abs "
-                                                       f"{o['median_abs']:.3g}, mean abs {o['mean_abs']:.3g}")
-            if o["tolerance"]:  # what it was judged by, so a pass says how strict it was
-                detail += "\n  tolerance: " + ", ".join(k if v is True else f"{k} {v:g}" if isinstance(v, float)
-                                                       else f"{k} {v}" for k, v in o["tolerance"].items())
-        levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", detail.strip())
+        lines = [lv.get("reason", "")] + [f"{o}: {_figures(r)}" + (f"; {_rule(r['tolerance'])}" if r.get("tolerance")
+                                                                   else "") for o, r in lv.get("outputs", {}).items()]
+        levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", "\n".join(x for x in lines if x))
     out.print(levels)
     if d["bundle"]:
         where = "REJECTED, written to" if d["rejected"] else "bundle"
         out.print(f"{where} {d['bundle']['path']} ({d['bundle']['digest']})")
     if d["published"]:
         out.print(f"published {d['published']['ref']}")
+
+
+def _engine_text(engine: Mapping[str, Any] | None, precision: str) -> str:
+    if engine is None:
+        return f"engine ({precision})"
+    if engine["deferred"]:
+        return f"{engine['backend']} {precision}, plan deferred\n(ONNX Runtime here)"
+    return f"{engine['backend']} {precision}"
+
+
+_STATISTIC = {"elemwise": "per element", "max": "on the max", "mean": "on the mean", "median": "on the median"}
+
+
+def _figures(o: Mapping[str, Any]) -> str:
+    if o.get("detail"):
+        return o["detail"]
+    return (f"max abs {o['max_abs']:.3g} (median {o['median_abs']:.3g}), "
+            f"max rel {o['max_rel']:.3g} (median {o['median_rel']:.3g}), {'passed' if o['passed'] else 'FAILED'}")
+
+
+def _rule(t: Mapping[str, Any]) -> str:
+    """The rule an output was held to, from its record (Polygraphy's semantics: a value passes when its
+    abs error is within atol or its rel error within rtol; detections are scored as sets)."""
+    if "check_error_stat" in t:
+        return f"gate: abs <= {t['atol']:g} or rel <= {t['rtol']:g}, {_STATISTIC[t['check_error_stat']]}"
+    if t.get("bit_identical"):
+        return "gate: bit for bit"
+    return "gate: " + ", ".join(k if v is True else f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                for k, v in t.items() if v is not None)
 
 
 @dataclass(frozen=True)
@@ -159,36 +193,79 @@ def _render_model(path: Path, d: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
+def _tensors(sigs: list[dict[str, Any]]) -> str:
+    """One line per tensor: name, dtype and shape, in full."""
+    return "\n".join(f"{t['name']} {t['dtype']} {t['shape']}" for t in sigs)
+
+
+def _params(params: Mapping[str, Any]) -> str:
+    return "\n".join(f"{k}={v}" for k, v in params.items())
+
+
+def _outputs_detail(level: Mapping[str, Any]) -> str:
+    """A level's reason, then each output's figures."""
+    lines = [str(level.get("reason") or "")]
+    for name, o in (level.get("outputs") or {}).items():
+        lines.append(f"{name}: " + (o.get("detail") or f"max abs {o.get('max_abs', 0):.3g}, "
+                                    f"median abs {o.get('median_abs', 0):.3g}"))
+    return "\n".join(line for line in lines if line)
+
+
 def _render_bundle(d: dict[str, Any]) -> str:
     buf = io.StringIO()
     out = _console(buf)
-    for key, value in d.items():
-        if key == "engine":
-            _render_engine(out, value)
-        elif isinstance(value, (dict, list)):
-            out.print(f"[bold]{key}[/bold]:")
-            out.print(value)
-        else:
-            out.print(f"[bold]{key}[/bold]: {value}")
+    target = d["target"]
+    out.print(f"[bold]{d['name']}[/bold] {d['digest']}")
+    out.print(f"target: {target['gpu'] or ''} sm_{target['sm']}".replace(":  ", ": "))
+    out.print("toolchain: " + ", ".join(f"{k} {v}" for k, v in d["toolchain"].items()))
+    out.print(f"spec sha256 {d['spec_sha256']}; model sha256 {d['model_sha256']} "
+              + (f"(in the bundle: {d['reference_model']})" if d["reference_model"] else "(not in the bundle)"))
+    for i in d["inputs"]:
+        out.print(f"input {i['name']}: {i['dtype']} {i['shape']}, profile min {i['min']} opt {i['opt']} "
+                  f"max {i['max']}, graph buckets {i['buckets']}")
+    steps = Table(title="steps, in run order")
+    for col in ("#", "step", "kind", "inputs", "outputs", "runs on"):
+        steps.add_column(col, no_wrap=col in ("inputs", "outputs", "runs on"))
+    for n, st in enumerate(d["steps"], 1):
+        steps.add_row(str(n), st["name"], st["kind"] + (f" ({st['position']})" if st.get("position") else ""),
+                      _tensors(st["inputs"]), _tensors(st["outputs"]), _runs_on(st))
+    out.print(steps)
+    _render_engine(out, d["engine"])
+    kernels = Table(title="kernels")
+    for col in ("step", "contract", "binaries", "entry points", "params"):
+        kernels.add_column(col)
+    for st in d["steps"]:
+        for k in st.get("kernels", ()):
+            kernels.add_row(st["name"], k["contract"], f"{k['arch']} cubin ({human_size(k['cubin_size'])})\n"
+                            f"{k['ptx_arch']} PTX ({human_size(k['ptx_size'])}), NVRTC {k['nvrtc_version']}",
+                            "\n".join(k["entries"].values()), _params(k["params"]))
+    out.print(kernels)
+    levels = Table(title="validation")
+    for col in ("level", "status", "detail"):
+        levels.add_column(col)
+    for name, lv in d["validation"].items():
+        levels.add_row(name, lv["status"], _outputs_detail(lv))
+    out.print(levels)
+    files = Table(title=f"files ({len(d['files'])}, {human_size(d['total_size'])})")
+    files.add_column("path")
+    files.add_column("size", justify="right")
+    for f in d["files"]:
+        files.add_row(f["path"], human_size(f["size"]))
+    out.print(files)
     return buf.getvalue()
 
 
-def _summary(value: Any) -> Any:
-    """Long texts (rendered sources, logs) shortened for display."""
-    if isinstance(value, dict):
-        return {k: _summary(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_summary(v) for v in value]
-    if isinstance(value, str) and (len(value) > 160 or "\n" in value):
-        return f"<{len(value)} characters>"
-    return value
+def _level_order(name: str) -> tuple[int, str]:
+    return (LEVELS.index(name) if name in LEVELS else len(LEVELS), name)
 
 
-def _entries(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [_summary({"name": k, **v}) if isinstance(v, dict) else _summary({"name": k, "value": v})
-                for k, v in value.items()]
-    return _summary(list(value)) if isinstance(value, list) else []
+def _runs_on(step: Mapping[str, Any]) -> str:
+    if step["kind"] != "segment":
+        return "\n".join(f"{k['contract']} ({k['arch']})" for k in step.get("kernels", ()))
+    e = step["engine"]
+    plans = ", ".join(e["plans"])
+    return (f"{e['backend']} {e['precision']}: " + (f"plan {plans}" if plans else "plan deferred to the target")
+            + f"\nsegment {', '.join(e['files'])}")
 
 
 def engine_summary(b: BundleView) -> dict[str, Any]:
@@ -208,29 +285,47 @@ def engine_summary(b: BundleView) -> dict[str, Any]:
 
 
 def describe(bundle: BundleView | Path) -> dict[str, Any]:
-    """A JSON-ready summary for `deepjit inspect BUNDLE`: name, digest, target, toolchain, spec and
-    model hashes, files (path, size, sha256), kernels, engines and validation level statuses."""
+    """A JSON-ready summary for `deepjit inspect BUNDLE`, from the typed view: target, toolchain, spec
+    and model hashes, inputs, the steps with their engine or kernels (arch, cubin and PTX, params),
+    the validation record with its figures, and the files with their sizes."""
     b = read_bundle(bundle)
-    m = b.manifest
     files = [{"path": rel, "size": e["size"], "sha256": e["sha256"]} for rel, e in sorted(b.files.items())]
-    validation = m.get("validation") if isinstance(m.get("validation"), dict) else {}
-    levels = validation.get("levels") if isinstance(validation.get("levels"), dict) else {}
+    size = {f["path"]: f["size"] for f in files}
+    engine = b.engine
+
+    def kernel(k) -> dict[str, Any]:
+        e = k.entry
+        return {"contract": k.contract, "arch": e.get("arch"), "ptx_arch": e.get("ptx_arch"),
+                "nvrtc_version": e.get("nvrtc_version"), "entries": dict(e.get("entries") or {}),
+                "params": dict(k.params), "files": dict(k.files),
+                "cubin_size": size.get(k.files.get("cubin", ""), 0), "ptx_size": size.get(k.files.get("ptx", ""), 0)}
+
+    steps = []
+    for st in b.steps:
+        entry: dict[str, Any] = {"name": st.name, "kind": st.kind, "inputs": [t.to_dict() for t in st.inputs],
+                                 "outputs": [t.to_dict() for t in st.outputs], "file": st.file}
+        if st.kind == "segment":
+            entry["engine"] = {"backend": engine.backend, "precision": engine.precision, "deferred": engine.deferred,
+                               "files": list(engine.segments.get(st.name, (st.file,))),
+                               "plans": list(engine.plan_files(st.name))}
+        else:
+            entry["kernels"] = [kernel(k) for k in st.kernels]
+            entry["position"] = st.position
+        steps.append(entry)
+    model = b.manifest.get("model") if isinstance(b.manifest.get("model"), Mapping) else {}
     return {
-        "path": str(b.source),
-        "name": m.get("name"),
-        "digest": m["digest"],
-        "schema_version": m["schema_version"],
-        "target": _summary(m.get("target")),
-        "toolchain": _summary(m.get("toolchain")),
-        "spec_sha256": (m.get("spec") or {}).get("sha256") if isinstance(m.get("spec"), dict) else None,
-        "model_sha256": (m.get("model") or {}).get("sha256") if isinstance(m.get("model"), dict) else None,
+        "path": str(b.source), "name": b.name, "digest": b.digest, "schema_version": b.manifest["schema_version"],
+        "target": {"gpu": b.target_gpu, "sm": b.target_sm}, "toolchain": dict(b.toolchain),
+        "spec_sha256": b.spec_sha256, "model_sha256": b.model_sha256,
+        "reference_model": model.get("file") if model.get("file") in b.files else None,
+        "inputs": [{"name": i.name, "dtype": i.dtype, "shape": list(i.shape), "min": list(i.min),
+                    "opt": list(i.opt), "max": list(i.max), "buckets": list(i.buckets)} for i in b.inputs],
+        "engine": engine_summary(b),
+        "steps": steps,
+        "validation": {name: dict(b.levels[name]) for name in sorted(b.levels, key=_level_order)
+                       if isinstance(b.levels[name], Mapping)},
         "files": files,
         "total_size": sum(f["size"] for f in files),
-        "kernels": _entries(m.get("kernels")),
-        "engines": _entries(m.get("engines")),
-        "engine": engine_summary(b),
-        "validation": {lvl: rec.get("status", "unknown") if isinstance(rec, dict) else "unknown"
-                       for lvl, rec in sorted(levels.items())},
     }
 
 
@@ -252,3 +347,29 @@ def _render_engine(out: Console, e: dict[str, Any]) -> None:
                     out.print(f"      {kind[:-1]:6} {t['name']}: {t['dtype']} {t['shape']}")
             for inp, prof in p["profiles"].items():
                 out.print(f"      profile {inp}: min {prof['min']}, opt {prof['opt']}, max {prof['max']}")
+
+
+def validation_summary(levels: Mapping[str, str]) -> str:
+    """'graph, precision passed; kernels not run' from {level: status}; what failed comes first."""
+    if not levels:
+        return "unknown"
+    order = {"failed": "FAILED", "passed": "passed", "not_run": "not run"}
+    parts = [f"{', '.join(n for n, st in levels.items() if st == status)} {word}" for status, word in order.items()
+             if status in levels.values()]
+    other = [f"{n} {st}" for n, st in levels.items() if st not in order]
+    return "; ".join(parts + other)
+
+
+def format_store(url: str, entries) -> str:
+    """`deepjit ls`: one row per tag, sizes for humans, whether the bundle passed validation."""
+    if not entries:
+        return f"no tags in {url}\n"
+    table = Table(title=url)
+    for col in ("tag", "bundle", "validation", "size", "digest"):
+        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    for e in entries:
+        table.add_row(e.tag, e.name or "", validation_summary(e.levels), human_size(e.size) if e.size else "",
+                      e.digest)
+    buf = io.StringIO()
+    _console(buf).print(table)
+    return buf.getvalue()

@@ -1,6 +1,7 @@
 """Shared fixtures. Test modules mirror the package (test_spec.py for spec.py, and so on)."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -79,3 +80,9 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
     """Run `deepjit ARGS` in a subprocess, as a user would."""
     return subprocess.run([sys.executable, "-m", "deepjit_compiler.cli", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=600)
+
+
+def table_text(printed: str) -> str:
+    """rich tables' text with borders dropped and whitespace collapsed, so a phrase a cell wrapped onto
+    the next line (the detail column is the last one) reads whole."""
+    return " ".join(re.sub("[│┃║|]", " ", printed).split())

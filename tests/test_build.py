@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, YOLOV8N_T4, run_cli
 
 from deepjit_compiler.build import build_pipeline
+from deepjit_compiler.bundle.archive import pack
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.engines import rtx_sms
 from deepjit_compiler.errors import StoreError
@@ -23,8 +24,12 @@ def _spec(write_spec, **extra):
     return write_spec({**N, **extra})
 
 
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 @pytest.mark.slow  # a full build
-def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_path):
+def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_path, monkeypatch):
     result = t4_build  # the first build, in its own folder (conftest.py)
     first = Path(result.spec.path).parent
     bundle = read_bundle(first / "out/yolov8n_t4")
@@ -45,10 +50,23 @@ def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_pa
     assert "/tmp/" not in json.dumps(m) and str(first) not in json.dumps(m)
     digest = result.bundle.digest
     assert bundle.digest == digest and result.published.digest == digest
-    # The same spec built again in another folder: the same bytes, kernels from the compile cache.
+    # What a build leaves on disk: the folder (no archive: the store holds that), the store blob and
+    # a report without RunResults (they are kept for failed comparisons only)
+    assert sorted(p.name for p in (first / "out").iterdir()) == ["yolov8n_t4", "yolov8n_t4.report"]
+    assert sorted(p.name for p in (first / "out/yolov8n_t4.report").iterdir()) == ["build-report.json"]
+    blob = first / "store/blobs/sha256" / f"{digest.split(':')[1]}.tar.gz"
+    assert blob.is_file() and "reference/model.onnx" not in bundle.files
+    # The same spec built again in another folder, asking for the archive and every RunResults: the
+    # same bytes, kernels from the compile cache.
+    again = build_pipeline(_spec(write_spec, **{"path: out/yolov8n_t4": "path: out/yolov8n_t4\n  archive: true"}),
+                           publish=False)
+    assert again.bundle.digest != digest  # the spec differs, and the bundle carries it
+    assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == pack(tmp_path / "out/yolov8n_t4")
+    monkeypatch.setenv("DEEPJIT_KEEP_RUN_RESULTS", "1")
     again = build_pipeline(_spec(write_spec), publish=False)
     assert again.bundle.digest == digest
-    assert (tmp_path / "out/yolov8n_t4.tar.gz").read_bytes() == (first / "out/yolov8n_t4.tar.gz").read_bytes()
+    assert tree(tmp_path / "out/yolov8n_t4") == tree(first / "out/yolov8n_t4")
+    assert not (tmp_path / "out/yolov8n_t4.tar.gz").exists()  # the archive of the first build here went stale
     assert all(k.from_cache for ks in again.kernels.values() for k in ks)  # the second build hits the cache
     # A TensorRT-RTX plan (where the library is installed) comes from the plan cache, as the kernels do: its
     # builds are not byte-identical (engines/plans.py), its inputs are.
@@ -56,7 +74,7 @@ def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_pa
     assert len(plans) == (1 if rtx_sms() else 0) and all(p["from_cache"] for p in plans)
     from polygraphy.comparator import RunResults
 
-    runs = RunResults.load(str(first / "out/yolov8n_t4.report/precision.runresults.json"))
+    runs = RunResults.load(str(tmp_path / "out/yolov8n_t4.report/precision.runresults.json"))
     assert [name for name, _ in runs] == ["fp32", "fp16"] and len(runs["fp16"]) == 2  # 2 samples
 
 
@@ -64,10 +82,22 @@ def test_build_writes_validated_reproducible_bundle(t4_build, write_spec, tmp_pa
 def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     strict = ("  gate: true", "  precision_tolerances:\n    default: {atol: 0.0, rtol: 0.0}\n"
               "    detections: {min_iou: 1.0, score_atol: 0.0}\n  gate: true")
-    spec = _spec(write_spec, **{strict[0]: strict[1]})
-    r = run_cli("build", str(spec))
+    keep = ("  precision: fp16", "  precision: fp16\n  keep_fp32: [Softmax]")  # the DFL softmax is in the cut
+    spec = _spec(write_spec, **{strict[0]: strict[1], keep[0]: keep[1]})
+    r = run_cli("build", str(spec), "--json")
     assert r.returncode == 1, r.stderr
     assert "accuracy gate failed" in r.stderr and "precision: output0: max abs" in r.stderr
+    # --json: stdout is one JSON document, the rejected build with its error; Polygraphy's lines went to stderr
+    doc = json.loads(r.stdout)
+    assert doc["error"]["exit_code"] == 1 and doc["error"]["type"] == "GateFailed" and doc["gate_failed"]
+    assert doc["validation"]["levels"]["precision"]["status"] == "failed"
+    assert doc["rejected"] == str(tmp_path / "out/rejected/yolov8n_t4")
+    assert "[E]" in r.stderr and "[E]" not in r.stdout
+    # the log names steps plainly, the final paths only, and what a keep_fp32 entry did not find
+    assert "segment 'segment'" in r.stderr and "segment segment" not in r.stderr and ".tmp-" not in r.stderr
+    assert "keep_fp32[0]: no engine segment has a Softmax node" in r.stderr  # it is inside the decode cut
+    # piped, long steps count in lines (a terminal gets a bar)
+    assert "precision level: 1 of 2 samples (50%)" in r.stderr and "precision level: 2 of 2 samples" in r.stderr
     assert not (tmp_path / "out/yolov8n_t4").exists() and not (tmp_path / "out/yolov8n_t4.tar.gz").exists()
     rejected = read_bundle(tmp_path / "out/rejected/yolov8n_t4")
     assert rejected.manifest["validation"]["levels"]["precision"]["status"] == "failed"
@@ -75,6 +105,15 @@ def test_gate_failure_exits_1_and_writes_only_rejected(write_spec, tmp_path):
     assert (tmp_path / "out/rejected/yolov8n_t4.report/precision.runresults.json").exists()
     assert json.loads((tmp_path / "out/rejected/yolov8n_t4.report/build-report.json").read_text())["gate_failed"]
     assert not (tmp_path / "store").exists()  # nothing published
+
+
+def test_dry_run_writes_nothing(write_spec, tmp_path):
+    """Not the synthetic model either: a build writes it (the README says so)."""
+    r = run_cli("build", str(_spec(write_spec)), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+    assert f"a build writes it to {tmp_path / 'models/yolov8n.onnx'}" in r.stdout
+    assert "decode" in r.stdout and "yolov8_decode" in r.stdout
 
 
 @pytest.mark.slow  # a full build

@@ -41,6 +41,55 @@ def test_bad_spec_exits_2_with_location(write_spec):
     assert "Traceback" not in r.stderr
 
 
+def test_json_is_one_document_on_every_exit_code(write_spec, monkeypatch, capsys):
+    path = write_spec({"  precision: fp16": "  precison: fp16"})
+    r = run_cli("build", str(path), "--json")
+    assert r.returncode == 2
+    error = json.loads(r.stdout)["error"]
+    assert error["exit_code"] == 2 and error["type"] == "SpecError" and "did you mean 'precision'" in error["message"]
+    assert "did you mean 'precision'" in r.stderr  # and the message on stderr, as without --json
+    r = run_cli("inspect", "no-such-bundle", "--json")  # refused by the command line itself
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["type"] == "UsageError"
+
+    from deepjit_compiler import cli
+
+    def broken(*args, **kwargs):
+        print("a library's log line")  # what Polygraphy and GraphSurgeon do
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "build_pipeline", broken)
+    assert cli.main(["build", str(path), "--json"]) == 3
+    out, err = capsys.readouterr()
+    assert json.loads(out)["error"]["exit_code"] == 3 and "ZeroDivisionError" in out
+    assert "a library's log line" in err and "Traceback" in err
+
+
+def test_verbosity_options_work_after_the_subcommand(write_spec):
+    path = write_spec({"path: ../models/yolov8s.onnx": "path: m.onnx", "synthesize: yolov8s": "synthesize: yolov8n"})
+    r = run_cli("build", str(path), "--dry-run", "-q")
+    assert r.returncode == 0, r.stderr
+    assert "[INFO]" not in r.stderr and "decode" in r.stdout
+    r = run_cli("build", "-v", str(path), "--dry-run")
+    assert r.returncode == 0 and "[DEBUG]" in r.stderr
+
+
+def test_every_json_flag_says_what_it_prints():
+    for args in (["build"], ["inspect"], ["run"], ["bench"], ["validate"], ["push"], ["ls"]):
+        text = " ".join(run_cli(*args, "--help").stdout.split())  # help wraps lines
+        assert "--json Print" in text and "as one JSON document on stdout" in text, args
+
+
+def test_model_synth_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"my model")
+    r = run_cli("model", "synth", "yolov8n", "-o", str(out))
+    assert r.returncode == 2 and f"{out}: exists" in r.stderr and "--force" in r.stderr
+    assert out.read_bytes() == b"my model"
+    r = run_cli("model", "synth", "yolov8n", "-o", str(out), "--force")
+    assert r.returncode == 0, r.stderr
+    assert onnx.load(str(out)).graph.output[0].name == "output0"
+
+
 def test_missing_model_without_synthesize_exits_2(write_spec):
     path = write_spec({"  synthesize: yolov8s": "  # no synthesize"})
     r = run_cli("build", str(path))
@@ -101,9 +150,12 @@ def test_internal_error_exits_3_with_traceback(monkeypatch, capsys):
     assert "Traceback" in err and "ZeroDivisionError" in err and "internal error" in err
 
 
-def test_validate_needs_a_bundle_folder_and_a_gpu(t4_build):
-    archive = f"{t4_build.bundle.path}.tar.gz"
-    r = run_cli("validate", archive)
+def test_validate_needs_a_bundle_folder_and_a_gpu(t4_build, tmp_path):
+    from deepjit_compiler.bundle.archive import pack_to
+
+    archive = tmp_path / "b.tar.gz"
+    pack_to(t4_build.bundle.path, archive)
+    r = run_cli("validate", str(archive))
     assert r.returncode == 2 and "records its results in a bundle folder" in r.stderr
     from conftest import HAS_GPU
 

@@ -82,7 +82,7 @@ LAYERS = (
     {"bundle"},
     {"store", "runtime"},
     {"validation"},
-    {"build", "materialize", "report", "cli"},
+    {"stagecache", "build", "materialize", "report", "cli"},
 )
 # Third-party modules a function may import on first use: optional, or heavy and on a rare path.
 LAZY_OK = {"onnxruntime.tools.symbolic_shape_infer": "sympy, only when ONNX's shape inference gives up",

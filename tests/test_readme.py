@@ -18,3 +18,35 @@ def test_readme_kernel_example_compiles(tmp_path):
     assert kernel.symbol("scale") == "scale_kernel"
     assert kernel.cubin[:4] == b"\x7fELF" and ".entry scale_kernel" in kernel.ptx
     assert "0x1.8p+1" in kernel.source.code.replace("0x1.8000000000000p+1", "0x1.8p+1")  # factor 3.0 baked in
+
+
+def _section_table(text: str, lead: str) -> str:
+    """The table that follows the line starting with `lead`."""
+    after = text.split(lead, 1)[1]
+    return next(block for block in after.split("\n\n") if block.lstrip().startswith("|"))
+
+
+def test_readme_lists_the_manifests_top_level_keys(t4_build):
+    from deepjit_compiler.bundle.folder import read_bundle
+
+    table = _section_table((REPO / "README.md").read_text(), "`manifest.json` has these top-level keys")
+    keys = {k for row in re.findall(r"^\| ((?:`\w+`(?:, )?)+) \|", table, re.M) for k in re.findall(r"`(\w+)`", row)}
+    assert keys == set(read_bundle(t4_build.bundle.path).manifest)
+
+
+def test_readme_commands_and_their_options_exist():
+    """Every command of the README's command-line table, with every option it shows, is in the CLI."""
+    from click.testing import CliRunner
+
+    from deepjit_compiler.cli import cli
+
+    table = _section_table((REPO / "README.md").read_text(), "## Command line")
+    rows = re.findall(r"^\| `deepjit ([^`]+)` \|", table, re.M)
+    assert len(rows) >= 12
+    for usage in rows:
+        words = [w for w in usage.split() if re.fullmatch(r"[a-z]+", w)]
+        command = words[:2] if words[0] == "model" else words[:1]
+        result = CliRunner().invoke(cli, [*command, "--help"])
+        assert result.exit_code == 0, (usage, result.output)
+        for option in re.findall(r"--[a-z-]+", usage):
+            assert option in result.output, f"README shows `deepjit {usage}`, but {option} is not an option"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import logging
 import os
 import shutil
@@ -26,6 +27,7 @@ from typing import BinaryIO
 
 from ..errors import BundleError
 from ..files import atomic_file, cannot_write, replace_dir, staging_dir
+from ..log import Progress
 
 log = logging.getLogger("deepjit.bundle")
 
@@ -33,6 +35,7 @@ _CHUNK = 1 << 20
 _DEFAULT_RATIO = 100        # a bundle compresses about 1.1 : 1; a gzip bomb about 1000 : 1
 _TRAILER_SLACK = 64 << 20   # tar headers and padding, and the end-of-archive blocks
 _FILE_MODE, _EXEC_MODE, _DIR_MODE = 0o644, 0o755, 0o755
+_PROGRESS_BYTES = 64 << 20  # packing less than this takes about a second: no progress counts
 
 
 # ---------------------------------------------------------------------------- packing
@@ -78,14 +81,18 @@ def write_archive(folder: Path, out: BinaryIO) -> None:
     """Stream the deterministic tar.gz of `folder` into the binary file object `out`."""
     folder = Path(folder)
     files = list_files(folder)
+    sizes = {rel: (folder / rel).stat().st_size for rel in files}
+    total = sum(sizes.values())
     # filename="" keeps the name out of the gzip header; mtime=0 keeps the clock out.
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=9, mtime=0) as gz:
-        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
-            for rel in files:
-                path = folder / rel
-                st = path.stat()
-                with path.open("rb") as f:
-                    tar.addfile(_tarinfo(rel, st.st_size, bool(st.st_mode & 0o111)), f)
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=9, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar, \
+            Progress(f"packing {folder.name}", total if total >= _PROGRESS_BYTES else 0, unit="bytes",
+                     logger=log.name) as progress:
+        for rel in files:
+            path = folder / rel
+            with path.open("rb") as f:
+                tar.addfile(_tarinfo(rel, sizes[rel], bool(path.stat().st_mode & 0o111)), f)
+            progress.advance(sizes[rel])
 
 
 def pack(folder: Path) -> bytes:
@@ -174,6 +181,20 @@ def _extract_into(tar: tarfile.TarFile, root: Path, label: str, max_bytes: int) 
         if total > max_bytes + _TRAILER_SLACK:
             raise BundleError(f"{label}: the archive goes on past its members ({total} bytes inflated); refused")
     return sorted(names.files)
+
+
+def archived_manifest(path: Path, max_bytes: int = 16 << 20) -> dict | None:
+    """The manifest.json inside the bundle archive at `path`, or None when it is not one (read as a
+    stream, nothing extracted): how a build knows a `.tar.gz` at its output path is its own."""
+    try:
+        with tarfile.open(path, mode="r|gz") as tar:
+            for member in tar:
+                if member.name == "manifest.json" and member.isfile() and member.size <= max_bytes:
+                    data = json.loads(tar.extractfile(member).read())
+                    return data if isinstance(data, dict) and "digest" in data and "files" in data else None
+    except (OSError, tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, ValueError, RecursionError):
+        return None
+    return None
 
 
 def safe_extract(source: bytes | Path, dest: Path, max_bytes: int | None = None) -> list[str]:

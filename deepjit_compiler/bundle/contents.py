@@ -35,9 +35,11 @@ def engine_path(rel: str) -> str:
 
 
 def bundle_files(loaded, resolved, plan, kernels, artifacts) -> dict[str, bytes]:
-    files: dict[str, bytes | Path] = {SPEC_FILE: loaded.text.encode(), MODEL_FILE: resolved.data}
-    for loc in resolved.external:  # its weights, beside it as the model's file names them
-        files[f"{Path(MODEL_FILE).parent.as_posix()}/{loc}"] = resolved.path.parent / loc
+    files: dict[str, bytes | Path] = {SPEC_FILE: loaded.text.encode()}
+    if loaded.spec.bundle.reference_model:  # only re-validation elsewhere needs it
+        files[MODEL_FILE] = resolved.data
+        for loc in resolved.external:  # its weights, beside it as the model's file names them
+            files[f"{Path(MODEL_FILE).parent.as_posix()}/{loc}"] = resolved.path.parent / loc
     for step in (*plan.sites, *plan.added):
         files[plan.relpath(step)] = model_bytes(step.onnx)
     for stage, ks in kernels.items():
@@ -105,7 +107,8 @@ def bundle_manifest(loaded, resolved, plan, kernels, settings, decision, artifac
         "name": spec.name,
         "spec": {"file": SPEC_FILE, "sha256": loaded.sha256, "text": loaded.text},
         # whether this build synthesized the model is not recorded: the same model gives the same bundle
-        "model": {"file": MODEL_FILE, "sha256": resolved.sha256, "name": resolved.path.name},
+        "model": {"sha256": resolved.sha256, "name": resolved.path.name,
+                  **({"file": MODEL_FILE} if spec.bundle.reference_model else {})},
         "toolchain": toolchain(artifacts),
         "target": {"gpu": spec.target.gpu, "sm": spec.target.resolved_sm},
         "inputs": {name: {"dtype": i.dtype, "shape": i.shape, "min": i.min_shape, "opt": i.opt_shape,

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import BundleError, OutputError
 from ..files import cannot_write, output_lock, replace_dir, staging_dir
-from .archive import list_files, pack_to, safe_extract, sha256_stream
+from .archive import archived_manifest, list_files, pack_to, safe_extract, sha256_stream
 from .manifest import manifest_bytes, manifest_digest, plain_manifest
 from .view import BundleView
 
@@ -184,10 +184,13 @@ class StagedBundle:
     def commit(self, dest: Path, manifest: Mapping[str, Any], *, archive: bool = True) -> BundleInfo:
         """Write manifest.json (and the archive), then rename the folder to `dest` and the archive to
         `<dest>.tar.gz`: each is whole or absent. An existing bundle at `dest` is replaced; any other
-        existing folder is refused."""
+        existing folder is refused. Without `archive`, a bundle archive an earlier commit left at
+        `<dest>.tar.gz` is removed (it would no longer match the folder); any other file there stays."""
         dest = Path(dest)
         with output_lock(dest):
             body, tar_path = _sealed(dest, manifest)
+            stale = not archive and tar_path.is_file() and not tar_path.is_symlink() and \
+                archived_manifest(tar_path) is not None
             body.update(schema_version=SCHEMA_VERSION, files=self.listed)
             body["digest"] = manifest_digest(body)
             try:
@@ -199,6 +202,9 @@ class StagedBundle:
                 replace_dir(self.root, dest)
                 if archive:
                     os.replace(self.stage / "bundle.tar.gz", tar_path)
+                elif stale:
+                    log.info("removing %s: an archive of an earlier build of this bundle", tar_path)
+                    tar_path.unlink()
             except OSError as e:
                 raise cannot_write(dest, e) from None
             except OutputError as e:  # a staged file's: name the bundle it was for
@@ -234,7 +240,7 @@ def update_bundle(path: Path, files: Mapping[str, bytes | Path],
     manifest fields (dict.update semantics: `{"validation": record}` replaces the whole record).
 
     The bundle is verified first (a tampered bundle is not updated), then rewritten atomically
-    with a new digest: a folder together with its `<folder>.tar.gz`, a lone archive in place."""
+    with a new digest: a folder (and its `<folder>.tar.gz`, when it has one), a lone archive in place."""
     path = Path(path)
     _refuse_own_fields(manifest_updates)
     bundle = read_bundle(path)
@@ -242,8 +248,8 @@ def update_bundle(path: Path, files: Mapping[str, bytes | Path],
     manifest.update(manifest_updates)
     merged: dict[str, bytes | Path] = {rel: bundle.root / rel for rel in bundle.files}
     merged.update(files)
-    if path.is_dir():
-        return write_bundle(path, merged, manifest)
+    if path.is_dir():  # its archive, if it has one, is rewritten with it
+        return write_bundle(path, merged, manifest, archive=archive_path(path).is_file())
     with staging_dir(path) as stage:
         info = write_bundle(stage / "bundle", merged, manifest)
         os.replace(info.archive, path)

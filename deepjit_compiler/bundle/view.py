@@ -278,6 +278,23 @@ class BundleView:
         return (self.manifest.get("target") or {}).get("gpu")
 
     @property
+    def toolchain(self) -> Mapping[str, str]:
+        """The versions that made the bundle: DeepJIT, NVRTC, ONNX, ONNX Runtime, Polygraphy, ..."""
+        value = self.manifest.get("toolchain")
+        return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+    @property
+    def spec_sha256(self) -> str | None:
+        spec = self.manifest.get("spec")
+        return spec.get("sha256") if isinstance(spec, Mapping) else None
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The sha256 of the model the bundle was built from (its file is in the bundle only on request)."""
+        model = self.manifest.get("model")
+        return model.get("sha256") if isinstance(model, Mapping) else None
+
+    @property
     def levels(self) -> Mapping[str, Any]:
         """The validation record: level -> {status, reason, outputs}."""
         return (self.manifest.get("validation") or {}).get("levels") or {}
@@ -322,8 +339,18 @@ class BundleView:
         each kernel cut them at."""
         return tuple(d for s in self.steps for k in s.kernels if (d := detection_outputs(self.contract(k), k.params)))
 
+    @property
+    def reference_model(self) -> str | None:
+        """The bundle path of the fp32 model it was built from, when it carries it (`bundle.reference_model`)."""
+        model = self.manifest.get("model")
+        file = model.get("file") if isinstance(model, Mapping) else None
+        return file if isinstance(file, str) and file in self.files else None
+
     def model_file(self) -> str:
-        return str(_field(self.manifest.get("model"), "file", "model"))
+        if self.reference_model is None:
+            raise BundleError(f"{self.source}: the bundle carries no reference model (build it with "
+                              "`bundle.reference_model: true` to re-validate it end to end)")
+        return self.reference_model
 
     def spec(self) -> Spec:
         """The spec the bundle was built from (its text is in the bundle); paths resolve inside it."""

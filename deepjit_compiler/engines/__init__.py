@@ -79,7 +79,7 @@ def engine_from_segment(name: str, segment: onnx.ModelProto, settings: EngineSet
     """Build one engine segment (precision already applied) the way `decision` says."""
     data = model_bytes(segment)
     if decision.deferred:
-        log.info("segment %s: TensorRT plan deferred to the target (%s)", name, decision.reason)
+        log.info("segment '%s': TensorRT plan deferred to the target (%s)", name, decision.reason)
         return EngineArtifact("tensorrt", name, {f"{name}.onnx": data}, json.dumps(deferred_settings(settings),
                                                                                  sort_keys=True), deferred=True)
     if decision.backend == "onnxruntime":

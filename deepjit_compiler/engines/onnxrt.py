@@ -44,7 +44,7 @@ def build_engine(segment: onnx.ModelProto | bytes | str | Path, segment_name: st
         ort.InferenceSession(data, providers=[CPU_EP])
     except Exception as e:  # ORT raises its own Fail/InvalidGraph/... classes
         raise EngineError(f"segment '{segment_name}': ONNX Runtime cannot load it: {e}") from None
-    log.info("segment %s: ONNX Runtime engine (%d bytes)", segment_name, len(data))
+    log.info("segment '%s': ONNX Runtime engine (%d bytes)", segment_name, len(data))
     return EngineArtifact("onnxruntime", segment_name, {f"{segment_name}.onnx": data}, settings.to_json())
 
 

@@ -76,7 +76,7 @@ def build_engine(segment_path: str | Path, settings: EngineSettings, *, flavour:
         profiles={n: {"min": list(lo), "opt": list(mid), "max": list(hi)}
                   for n, lo, mid, hi in profile_rows(settings, segment_inputs(path))},
         key=key, size=len(plan), build_seconds=seconds, from_cache=hit is not None)
-    log.info("segment %s: %s %s plan for %s, %d network layers, %.1f MB%s", name, flavour.title, version,
+    log.info("segment '%s': %s %s plan for %s, %d network layers, %.1f MB%s", name, flavour.title, version,
              ", ".join(info.compute_capabilities) or "this GPU", info.network_layers, len(plan) / 1e6,
              " (plan cache hit)" if hit is not None else f", built in {seconds:.1f} s")
     settings_json = json.dumps({**deferred_settings(settings), "built_with": {flavour.dist: version}}, sort_keys=True)

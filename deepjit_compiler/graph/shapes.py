@@ -23,12 +23,22 @@ log = logging.getLogger("deepjit.surgery")
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """ONNX shape inference with data propagation (so Reshape targets built from Shape ops resolve).
-    A model ONNX cannot infer is returned as it is: ONNX Runtime fills in later."""
+    A model ONNX cannot infer is returned as it is: ONNX Runtime fills in later. Inference runs on the
+    model's weightless skeleton (a 44 MB model is then not serialized for it) and what it found is
+    copied into a copy of the model."""
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        found = onnx.shape_inference.infer_shapes(shape_skeleton(model, value_info=True), check_type=False,
+                                                  strict_mode=False, data_prop=True)
     except Exception as e:  # onnx raises InferenceError, ValidationError or RuntimeError
         log.warning("ONNX shape inference failed (%s); relying on ONNX Runtime", e)
         return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(found.graph.value_info)
+    for mine, inferred in zip(out.graph.output, found.graph.output):
+        mine.CopyFrom(inferred)
+    return out
 
 
 def complete_value_info(model: onnx.ModelProto, names: Iterable[str]) -> tuple[onnx.ModelProto, list[str]]:
@@ -141,9 +151,7 @@ def concrete_shapes(model: onnx.ModelProto, *, batch: int = 1, size: int = 640) 
     """Shapes of every tensor ONNX can infer once the inputs' symbolic dims take the values of
     input_dim_values(model, batch=batch, size=size)."""
     values = input_dim_values(model, batch=batch, size=size)
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    del m.graph.value_info[:]
+    m = shape_skeleton(model)  # no value_info, and no weights to copy: they are typed inputs there
     for vi in m.graph.input:
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
             if not d.HasField("dim_value"):
@@ -210,3 +218,72 @@ def _dim_name(observed: list[int], values: list[dict[str, int]]) -> str | None:
             if len(ks) == 1 and (k := ks.pop()) > 1:
                 return f"{key}/{k}"
     return None
+
+
+# --- which input sizes a model takes -------------------------------------------------------------
+
+_WEIGHTS_BYTES = 4096  # initializers larger than this are weights, not shape constants
+
+
+def shape_skeleton(model: onnx.ModelProto, *, value_info: bool = False) -> onnx.ModelProto:
+    """`model` for shape inference only: its weights become typed graph inputs (their shapes are all
+    inference needs), so checking a 44 MB model at several input sizes copies none of its weights.
+    `value_info`: keep what the model already says about its tensors."""
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    g = out.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    if value_info:
+        g.value_info.extend(model.graph.value_info)
+    for t in model.graph.initializer:
+        if t.ByteSize() > _WEIGHTS_BYTES:
+            g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            g.initializer.append(t)
+    return out
+
+
+def _at(skeleton: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(skeleton)
+    for vi in m.graph.input:
+        if vi.name in shapes:
+            for d, v in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    return m
+
+
+def shape_problem(skeleton: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """Why ONNX's strict shape inference rejects the model with its inputs at `shapes` (an input
+    size its layers do not fit, such as a Concat of feature maps 19 and 20 wide), or None."""
+    try:
+        onnx.shape_inference.infer_shapes(_at(skeleton, shapes), check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
+        first = str(e).replace("[ShapeInferenceError] Inference error(s): ", "").strip().splitlines()[0]
+        return first[:300]
+    return None
+
+
+def input_stride(skeleton: onnx.ModelProto, inputs: Iterable[str], size: int = 1024) -> int:
+    """The largest factor by which the model's tensors shrink the symbolic non-batch dims of
+    `inputs` (32 for a detector whose coarsest feature map is 1/32 of the image), from shape
+    inference at two sizes: a tensor dim that doubles with them is the input size over that factor."""
+    names = set(inputs)
+
+    def dims_at(value: int) -> dict[str, tuple[int, ...]]:
+        shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else (1 if i == 0 else value)
+                            for i, d in enumerate(vi.type.tensor_type.shape.dim)]
+                  for vi in skeleton.graph.input if vi.name in names}
+        inferred = infer_shapes(_at(skeleton, shapes))
+        return {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim) for vi in inferred.graph.value_info}
+
+    small, large = dims_at(size), dims_at(2 * size)
+    factors = {size // a for name, dims in small.items() if len(dims) == len(large.get(name, ()))
+               for a, b in zip(dims, large[name]) if a > 0 and b == 2 * a and size % a == 0}
+    return max(factors, default=1)

@@ -83,9 +83,10 @@ class KernelCache:
     """get(key) -> (meta, blobs) or None; put(key, blobs, meta). engines/plans.py keeps plans in one
     too, under its own root and counters."""
 
-    def __init__(self, root: Path | None = None, counters: CacheStats | None = None):
+    def __init__(self, root: Path | None = None, counters: CacheStats | None = None, *, what: str = "kernel cache"):
         self.root = Path(root) if root is not None else config.cache_dir()
         self.counters = counters if counters is not None else stats
+        self.what = what  # for its log lines: the build's stage cache keeps its entries the same way
 
     def folder(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -111,7 +112,7 @@ class KernelCache:
         return meta, blobs
 
     def _corrupt(self, key: str, why: str) -> None:
-        log.warning("ignoring corrupt cache entry %s: %s; it will be rebuilt", self.folder(key), why)
+        log.warning("ignoring corrupt %s entry %s: %s; it will be rebuilt", self.what, self.folder(key), why)
         self.counters.bump("corrupt")
         self.counters.bump("misses")
         return None
@@ -127,6 +128,6 @@ class KernelCache:
             atomic_write(folder / META, json.dumps(record, indent=1, sort_keys=True, default=list).encode())
         except OSError as e:
             # A read-only or full cache must not fail the build: the kernel is compiled either way.
-            log.warning("cannot write cache entry %s: %s", folder, e)
+            log.warning("cannot write %s entry %s: %s", self.what, folder, e)
             return
         self.counters.bump("writes")

@@ -9,9 +9,10 @@ from pathlib import Path
 import onnx
 
 from ..errors import ModelError, SpecError, closest
+from ..graph.shapes import input_stride, shape_problem, shape_skeleton
 from ..spec.load import LoadedSpec
 from .info import external_data, load_model, tensor_info
-from .synth import write_synthetic
+from .synth import synthesize_yolov8, write_synthetic
 
 log = logging.getLogger("deepjit.model")
 
@@ -36,18 +37,26 @@ def _model_digest(path: Path, data: bytes, external: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-def resolve_model(loaded: LoadedSpec) -> ResolvedModel:
-    """Load the spec's model; synthesize it first when the file is missing and `synthesize` is set."""
+def resolve_model(loaded: LoadedSpec, *, write: bool = True) -> ResolvedModel:
+    """Load the spec's model; synthesize it first when the file is missing and `synthesize` is set.
+    With `write=False` (a dry run) a synthesized model stays in memory: nothing is written."""
     src = loaded.spec.model
-    synthesized = False
     if not src.path.exists():
         if src.synthesize is None:
             raise ModelError(f"{loaded.path}: model.path: {src.path} does not exist "
                              f"(export it from ultralytics, or set `model.synthesize: yolov8s` for a synthetic one)")
-
+        options = dict(seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
+        if not write:
+            log.info("synthesizing %s (seed %d) in memory: a dry run writes nothing (a build writes it to %s)",
+                     src.synthesize, src.seed, src.path)
+            model = synthesize_yolov8(src.synthesize, **options)
+            data = model.SerializeToString()
+            return ResolvedModel(src.path, model, data, True, (), hashlib.sha256(data).hexdigest())
         log.info("synthesizing %s (seed %d) at %s", src.synthesize, src.seed, src.path)
-        write_synthetic(src.synthesize, src.path, seed=src.seed, dynamic=src.dynamic, head_layout=src.head_layout)
+        write_synthetic(src.synthesize, src.path, **options)
         synthesized = True
+    else:
+        synthesized = False
     model = load_model(src.path)
     data = src.path.read_bytes()
     external = external_data(onnx.load_from_string(data), src.path)
@@ -85,3 +94,36 @@ def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:
     missing = [n for n in graph_inputs if n not in spec.inputs and n not in replaced]
     if missing:
         raise SpecError(f"{where}: inputs: the model also needs {missing}; describe every model input")
+    check_input_sizes(loaded, model, [n for n in spec.inputs if n in graph_inputs])
+
+
+def check_input_sizes(loaded: LoadedSpec, model: onnx.ModelProto, names: list[str]) -> None:
+    """The model must run at each shape of the spec's profiles: an image size its strides do not
+    divide (300 for a detector that halves it five times) fails here, naming the input and what is
+    allowed, instead of deep inside ONNX Runtime later. Only symbolic model dims are checked: fixed
+    ones were matched above."""
+    spec, where = loaded.spec, loaded.path
+    graph_inputs = {i.name: tensor_info(i) for i in model.graph.input}
+    free = {n: [i for i, d in enumerate(graph_inputs[n].shape or ()) if i > 0 and not isinstance(d, int)]
+            for n in names}
+    if not any(free.values()):
+        return
+    skeleton = shape_skeleton(model)
+    if shape_problem(skeleton, {}) is not None:
+        log.debug("ONNX's strict shape inference cannot judge this model (custom ops?): input sizes not checked")
+        return
+    for which in ("min", "opt", "max"):
+        shapes = {n: getattr(spec.inputs[n], f"{which}_shape") for n in names}
+        problem = shape_problem(skeleton, shapes)
+        if problem is None:
+            continue
+        stride = input_stride(skeleton, names)
+        odd = [(n, i, shapes[n][i]) for n in names for i in free[n] if shapes[n][i] % stride]
+        name = odd[0][0] if odd else names[0]
+        allowed = "" if not odd else (
+            f"dims {', '.join(map(str, free[name]))} must be multiples of {stride}, the model's feature maps going "
+            f"down to 1/{stride} of its input (" + "; ".join(
+                f"dim {i}: {max(d // stride, 1) * stride} or {(d // stride + 1) * stride}, not {d}"
+                for n, i, d in odd if n == name) + "); ")
+        raise SpecError(f"{where}: inputs.{name}.profile.{which}: the model cannot run at {list(shapes[name])}: "
+                        f"{allowed}ONNX shape inference says: {problem}")

@@ -48,6 +48,7 @@ from onnxruntime.quantization.calibrate import load_tensors_data
 
 from ..errors import MissingDependency, SpecError, closest
 from ..images import IMAGE_SUFFIXES, read_image
+from ..log import Progress
 from ..surgery.references import letterbox_numpy
 
 log = logging.getLogger("deepjit.calibration")
@@ -110,6 +111,7 @@ class CalibrationReader(CalibrationDataReader):
         self._samples, self.digest, self.source = list(samples), digest, source
         self._start, self._end, self._next = 0, len(self._samples), 0
         self.reads = 0
+        self.on_read: Callable[[], None] | None = None  # a progress count
 
     def get_next(self) -> Feeds | None:
         if self._next >= self._end:
@@ -117,6 +119,8 @@ class CalibrationReader(CalibrationDataReader):
         feeds = self._samples[self._next]()
         self._next += 1
         self.reads += 1
+        if self.on_read is not None:
+            self.on_read()
         return feeds
 
     def __len__(self) -> int:
@@ -312,7 +316,9 @@ def quantize_int8(model: onnx.ModelProto, settings: CalibrationSettings, *,
     cache, hit = cache_file(model, reader, settings)
     log.info("int8: %s (%s)", "calibration cache hit, skipping calibration" if hit else
              f"calibrating on {reader.source}", cache)
-    with tempfile.TemporaryDirectory(prefix="deepjit-int8-") as tmp, _without_preprocess_advice():
+    with tempfile.TemporaryDirectory(prefix="deepjit-int8-") as tmp, _without_preprocess_advice(), \
+            Progress("int8 calibration", 0 if hit else len(reader), unit="samples", logger=log.name) as progress:
+        reader.on_read = progress.advance
         out = Path(tmp) / "int8.onnx"
         quantize_static(model, out, reader, quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,

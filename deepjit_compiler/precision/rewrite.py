@@ -92,7 +92,7 @@ def apply_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Sequen
     # an opset upgrade (bf16) needs the IR version that goes with it; otherwise keep the model's own
     out.ir_version = max(out.ir_version, helper.find_min_ir_version_for(list(out.opset_import), ignore_unknown=True))
     helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, "deepjit.precision": precision})
-    log.info("rewrote %s to %s (%d nodes kept fp32)", model.graph.name or "segment", precision,
+    log.info("rewrote segment '%s' to %s (%d nodes kept fp32)", model.graph.name or "segment", precision,
              sum(1 for n in model.graph.node if n.op_type in ops or n.name in nodes))
     return out
 
@@ -110,12 +110,17 @@ def resolve_keep_fp32(model: onnx.ModelProto, keep_fp32: Sequence[str]) -> tuple
 
 
 def check_keep_fp32(models: Sequence[onnx.ModelProto], keep_fp32: Sequence[str]) -> None:
-    """SpecError for a user's keep_fp32 entry that names no op type and matches no node in any segment."""
+    """SpecError for a user's keep_fp32 entry that names no op type and matches no node in any segment;
+    a warning for an op type no segment has (it may be inside a cut: its kernel replaced it)."""
     names = [n.name for m in models for n in m.graph.node]
+    ops = {n.op_type for m in models for n in m.graph.node}
     for i, entry in enumerate(keep_fp32):
         if not onnx.defs.has(entry) and not fnmatch.filter(names, entry):
             raise SpecError(f"engine.keep_fp32[{i}]: '{entry}' is neither an ONNX op type nor a node name "
                             f"(or pattern) of the engine segments{closest(entry, names)}")
+        if onnx.defs.has(entry) and entry not in ops:
+            log.warning("engine.keep_fp32[%d]: no engine segment has a %s node (one inside a cut is replaced "
+                        "by its kernel): it keeps nothing in fp32", i, entry)
 
 
 # -- fp16 / bf16 ----------------------------------------------------------------------------------

@@ -181,7 +181,7 @@ class Pipeline(LayoutFacts):
 
     def _probe(self, step: StepInfo, known: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
         """Output shapes the manifest leaves symbolic: run the engine once at these input shapes."""
-        log.info("segment %s: output shapes depend on the data; running it once at %s", step.name,
+        log.info("segment '%s': output shapes depend on the data; running it once at %s", step.name,
                  {t.name: known[t.name] for t in step.inputs})
         feed = {t.name: np.zeros(known[t.name], t.dtype) for t in step.inputs}
         return {k: tuple(v.shape) for k, v in self._runners[step.name].infer(feed).items()}

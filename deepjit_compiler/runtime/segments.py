@@ -94,7 +94,7 @@ def engine_runner(bundle: BundleView, layout: Layout, step: StepInfo, *, engine:
         raise MissingDependency(f"segment '{step.name}' has no ONNX to fall back on, and its plans cannot run here: "
                                 + "; ".join(refused))
     if refused:
-        log.warning("segment %s: running its ONNX on ONNX Runtime instead of a plan: %s", step.name, "; ".join(refused))
+        log.warning("segment '%s': running its ONNX on ONNX Runtime instead of a plan: %s", step.name, "; ".join(refused))
     artifact = EngineArtifact("onnxruntime", step.name, {onnx_files[0]: bundle.file(onnx_files[0]).read_bytes()})
     runner = runner_for(artifact, name=f"ort:{step.name}", tf32=bool(layout.engine.settings.get("tf32", False)))
     runner.activate()

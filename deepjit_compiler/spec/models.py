@@ -328,6 +328,9 @@ class Validation(_Model):
 
 class BundleOut(_Model):
     path: SpecPath = Path("build")
+    archive: bool = Field(False, description="also write the reproducible <path>.tar.gz (a push packs one anyway)")
+    reference_model: bool = Field(False, description="carry the fp32 model, for `deepjit validate` end to end "
+                                                     "elsewhere; a deployed bundle does not need it")
 
 
 class Publish(_Model):

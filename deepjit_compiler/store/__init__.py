@@ -12,6 +12,7 @@ Tags follow the OCI rule `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}` in both kinds of st
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..bundle.folder import read_bundle
@@ -21,6 +22,7 @@ from .file import FileStore
 from .oci import OciStore
 from .refs import Entry, PushResult, Ref, Store, parse_ref
 
+log = logging.getLogger("deepjit.store")
 __all__ = ["Entry", "FileStore", "OciStore", "PushResult", "Ref", "Store", "ls", "open_store", "parse_ref", "pull", "push"]
 
 
@@ -46,7 +48,11 @@ def push(bundle: Path | BundleView, ref: str, *, force: bool = False) -> PushRes
     if failed and not force:
         raise StoreError(f"{view.source}: its accuracy gate rejected this bundle ({', '.join(failed)} failed); "
                          "push it anyway with --force")
-    return open_store(parsed.store).push(view, parsed.tag, force=force)
+    target = open_store(parsed.store)
+    if "://" not in ref and isinstance(target, FileStore) and not target.root.exists():
+        log.warning("creating the default store %s: a bare TAG refers to it (`deepjit ls %s` lists it)",
+                    target.root, target.url)
+    return target.push(view, parsed.tag, force=force)
 
 
 def pull(ref: str, dest: Path | None = None) -> Path:

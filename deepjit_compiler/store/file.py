@@ -26,7 +26,7 @@ from ..bundle.folder import MANIFEST, check_replaceable, declared_size, read_bun
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import atomic_write, cannot_write, remove_old_temporaries
-from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
+from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag, level_statuses
 
 log = logging.getLogger("deepjit.store")
 
@@ -128,6 +128,8 @@ class FileStore(Store):
         return Path(dest)
 
     def ls(self) -> list[Entry]:
+        if not self.root.is_dir():
+            raise StoreError(f"{self.url}: no store there ({self.root} does not exist; a push creates it)")
         entries = []
         for tag in self._tags_list():
             try:
@@ -139,9 +141,10 @@ class FileStore(Store):
                 continue
             blob, meta = self._blob(digest), self._meta(digest)
             try:
-                name = str(json.loads(meta.read_bytes()).get("name") or "")
+                manifest = json.loads(meta.read_bytes())
+                name = str(manifest.get("name") or "")
             except (OSError, ValueError, AttributeError, RecursionError):
-                name = ""
+                manifest, name = None, ""
             size = blob.stat().st_size if blob.is_file() else 0
-            entries.append(Entry(tag, digest, name, size))
+            entries.append(Entry(tag, digest, name, size, level_statuses(manifest)))
         return entries

@@ -44,7 +44,7 @@ from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import output_lock, staging_dir
 from .http import Deadline, RegistrySession, realm_host
-from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag
+from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag, level_statuses
 
 log = logging.getLogger("deepjit.store")
 
@@ -54,6 +54,7 @@ LAYER_MEDIA_TYPE = "application/vnd.deepjit.bundle.layer.v1.tar+gzip"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 ANN_DIGEST = "dev.deepjit.bundle.digest"
 ANN_NAME = "dev.deepjit.bundle.name"
+ANN_LEVELS = "dev.deepjit.bundle.validation"  # {level: status} as JSON, for `ls` without fetching the config
 ANN_TITLE = "org.opencontainers.image.title"
 USER_ENV, PASSWORD_ENV, HOST_ENV = "DEEPJIT_REGISTRY_USER", "DEEPJIT_REGISTRY_PASSWORD", "DEEPJIT_REGISTRY_HOST"
 
@@ -70,6 +71,7 @@ class _Artifact:
     name: str
     config: dict[str, Any]
     layer: dict[str, Any]
+    levels: dict[str, str]
 
 
 def _sha256_file(path: Path) -> str:
@@ -224,7 +226,12 @@ class OciStore(Store):
         if len(layers) != 1 or not isinstance(bundle_digest, str) or not DIGEST_RE.fullmatch(bundle_digest):
             raise StoreError(f"{self.url}: '{reference}' is a malformed DeepJIT artifact "
                              f"(needs one {LAYER_MEDIA_TYPE} layer and a {ANN_DIGEST} annotation)")
-        return _Artifact(digest, bundle_digest, str(annotations.get(ANN_NAME, "")), config, layers[0])
+        try:
+            levels = json.loads(str(annotations.get(ANN_LEVELS) or "{}"))
+        except (ValueError, RecursionError):
+            levels = None
+        levels = {str(k): str(v) for k, v in levels.items()} if isinstance(levels, dict) else {}
+        return _Artifact(digest, bundle_digest, str(annotations.get(ANN_NAME, "")), config, layers[0], levels)
 
     def _upload(self, path: Path, descriptor: dict[str, Any]) -> None:
         what = f"uploading blob {descriptor['digest']}"
@@ -298,7 +305,8 @@ class OciStore(Store):
             body = canonical_json({
                 "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
                 "config": config, "layers": [layer],
-                "annotations": {ANN_DIGEST: b.digest, ANN_NAME: b.name},
+                "annotations": {ANN_DIGEST: b.digest, ANN_NAME: b.name,
+                                ANN_LEVELS: json.dumps(level_statuses(b.manifest), sort_keys=True)},
             })
             digest = "sha256:" + hashlib.sha256(body).hexdigest()
             existing = self._get_manifest(tag)
@@ -356,5 +364,5 @@ class OciStore(Store):
             except StoreError:
                 log.debug("%s:%s is not a DeepJIT bundle; not listed", self.url, tag)
                 continue
-            entries.append(Entry(tag, art.bundle_digest, art.name, int(art.layer.get("size", 0))))
+            entries.append(Entry(tag, art.bundle_digest, art.name, int(art.layer.get("size", 0)), art.levels))
         return entries

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
 from ..bundle.view import BundleView
 from ..errors import StoreError
+from ..spec.models import LEVELS
 
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -46,12 +49,26 @@ class PushResult:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One tag of a store, for `deepjit ls`: bundle digest, bundle name, archive size in bytes."""
+    """One tag of a store, for `deepjit ls`: bundle digest, bundle name, archive size in bytes, and
+    the status of each validation level the bundle records (empty when the store does not say)."""
 
     tag: str
     digest: str
     name: str
     size: int
+    levels: Mapping[str, str] = field(default_factory=dict)
+
+
+def level_statuses(manifest: Any) -> dict[str, str]:
+    """{level: status} from a bundle manifest's validation record, levels in their run order; {} for
+    anything malformed."""
+    validation = manifest.get("validation") if isinstance(manifest, Mapping) else None
+    levels = validation.get("levels") if isinstance(validation, Mapping) else None
+    if not isinstance(levels, Mapping):
+        return {}
+    order = {name: i for i, name in enumerate(LEVELS)}
+    return {str(k): str(v.get("status", "unknown")) for k, v in sorted(levels.items(), key=lambda kv: (
+        order.get(kv[0], len(order)), str(kv[0]))) if isinstance(v, Mapping)}
 
 
 class Store(abc.ABC):

@@ -193,7 +193,7 @@ def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any], *, spec_dir: Pa
     before, after = added_stages(idx, cuts, plan_in, plan_out, spec_dir)
     plan = Plan((*before, *steps, *after), tuple(plan_in), tuple(plan_out))
     log.info("surgery: %d steps (%s) in %.2f s", len(plan.steps),
-             ", ".join(f"{s.kind} {s.name}" for s in plan.steps), time.perf_counter() - t0)
+             ", ".join(f"{s.kind} '{s.name}'" for s in plan.steps), time.perf_counter() - t0)
     return plan
 
 

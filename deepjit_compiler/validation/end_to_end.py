@@ -11,15 +11,20 @@ from ..bundle.view import BundleView
 from ..graph.compose import compose_reference
 from ..runtime.pipeline import Pipeline
 from .executor import onnxrt_runner
-from .gate import FunctionRunner, LevelResult, compare_runs
+from .gate import FunctionRunner, LevelResult, compare_runs, not_run
 
 
 def end_to_end_level(bundle: BundleView, models: Mapping[str, onnx.ModelProto], feeds, spec,
-                     report_dir: Path | None = None, *, engine: str = "auto") -> LevelResult:
+                     report_dir: Path | None = None, original: onnx.ModelProto | None = None, *,
+                     engine: str = "auto") -> LevelResult:
     """The whole loaded pipeline (graph replay) against the original model + added references;
-    `models`: each step's ONNX (the added stages' references among them)."""
+    `models`: each step's ONNX (the added stages' references among them); `original`: the fp32 model
+    (default: the bundle's copy of it; without one the level is not run)."""
+    if original is None and bundle.reference_model is None:
+        return not_run("end_to_end", "the bundle carries no reference model: build it with "
+                                     "`bundle.reference_model: true` to re-validate it end to end")
     added = [(s.name, s.position, models[s.name]) for s in bundle.steps if s.kind == "added"]
-    reference = compose_reference(bundle.onnx(bundle.model_file()), added)
+    reference = compose_reference(original if original is not None else bundle.onnx(bundle.model_file()), added)
     lossy = bundle.precision != "fp32"
     tol = spec.validation.precision_tolerances if lossy else spec.validation.tolerances
     with Pipeline.load(bundle, engine=engine) as pipeline:

@@ -9,7 +9,7 @@ OnnxrtRunner.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import onnx
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
@@ -46,13 +46,17 @@ def reference_runner(plan: Plan, model: onnx.ModelProto, name: str = "onnxruntim
     return onnxrt_runner(ref, name)
 
 
-def pipeline_runner(plan: Plan, overrides: Mapping[str, onnx.ModelProto | StepFn], name: str) -> FunctionRunner:
-    """The plan with some steps swapped, exporting the pipeline outputs and the sites' outputs."""
+def pipeline_runner(plan: Plan, overrides: Mapping[str, onnx.ModelProto | StepFn], name: str,
+                    on_run: Callable[[], None] | None = None) -> FunctionRunner:
+    """The plan with some steps swapped, exporting the pipeline outputs and the sites' outputs;
+    `on_run` is called after each sample (a progress count)."""
     runner = plan_runner(plan, overrides)
     names = [t.name for t in plan.outputs] + [t.name for s in plan.sites for t in s.outputs]
 
     def run(feed):
         env = runner.tensors(feed)
+        if on_run is not None:
+            on_run()
         return {n: env[n] for n in dict.fromkeys(names)}
 
     return FunctionRunner(run, name)

@@ -22,6 +22,7 @@ from polygraphy.comparator import Comparator, RunResults
 from polygraphy.comparator.compare import SimpleCompareFunc
 from polygraphy.logger import G_LOGGER
 
+from .. import config
 from ..files import atomic_write
 from ..jit.contracts import DetectionOutputs
 from ..spec.models import LEVELS
@@ -166,15 +167,14 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
     The outputs of each `detections` group (as the kernels' contracts declare them: count, boxes,
     scores, classes, and the threshold they were cut at) are scored as detection sets against
     `tolerances.detections`; the rest go through `SimpleCompareFunc` with the spec's
-    atol/rtol/check_error_stat (default + per output). With `report_dir`, Polygraphy's RunResults are
-    saved there as `<report_name or level>.runresults.json`.
+    atol/rtol/check_error_stat (default + per output). With `report_dir`, Polygraphy's RunResults of a
+    failed comparison (of every one with $DEEPJIT_KEEP_RUN_RESULTS) are saved there as
+    `<report_name or level>.runresults.json`.
     """
     for runner in (reference, candidate):
         if isinstance(runner, FunctionRunner) and runner._meta is None:
             runner._meta = metadata_from(feeds)
     run_results = Comparator.run([reference, candidate], data_loader=feeds, use_subprocess=False)
-    if report_dir is not None:
-        atomic_write(report_dir / f"{report_name or level}.runresults.json", run_results.to_json().encode())
     ref_iters, test_iters = run_results[reference.name], run_results[candidate.name]
     names = [n for n in ref_iters[0].keys() if n in test_iters[0]]
     missing = [n for n in ref_iters[0].keys() if n not in test_iters[0]]
@@ -188,7 +188,10 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
     for g in groups:
         label = "detections" if len(groups) == 1 else f"detections ({g.count})"
         outputs.append(_compare_detections(label, g, ref_iters, test_iters, tolerances.detections, labels))
-    return from_outputs(level, outputs)
+    result = from_outputs(level, outputs)
+    if report_dir is not None and (result.status == "failed" or config.keep_run_results()):
+        atomic_write(report_dir / f"{report_name or level}.runresults.json", run_results.to_json().encode())
+    return result
 
 
 def _compare_dense(run_results: RunResults, ref_name: str, test_name: str, names: list[str], tolerances):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
+
 from ..bundle.folder import read_bundle, update_bundle
 from ..bundle.view import BundleView
 from ..engines import local_device_sm
@@ -18,10 +20,11 @@ from .gate import GateReport, LevelResult, not_run
 from .kernels import kernels_level
 
 
-def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None = None, *,
-                   engine: str = "auto") -> list[LevelResult]:
+def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None = None,
+                   original: onnx.ModelProto | None = None, *, engine: str = "auto") -> list[LevelResult]:
     """The kernels and end_to_end levels on this GPU, and the engine level where a plan runs on it;
-    `spec`: the build's (default: the bundle's own); `engine`: how end_to_end runs the segments."""
+    `spec`: the build's (default: the bundle's own); `original`: the fp32 model (default: the bundle's
+    copy, if it carries one); `engine`: how end_to_end runs the segments."""
     view = read_bundle(bundle)
     spec = spec or view.spec()
     models = {s.name: view.onnx(s.file) for s in view.steps}
@@ -30,17 +33,18 @@ def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None
     envs = Feeds([cpu.tensors(f) for f in feeds], row_labels(feeds))
     gpu = Gpu()
     levels = [kernels_level(gpu, view, models, envs, spec, report_dir),
-              end_to_end_level(view, models, feeds, spec, report_dir, engine=engine)]
+              end_to_end_level(view, models, feeds, spec, report_dir, original, engine=engine)]
     plans = bundle_plans_level(view, spec, gpu.sm, engine=engine)
     return levels + ([plans] if plans is not None else [])
 
 
-def gpu_levels(bundle: BundleView, spec, report_dir: Path | None = None) -> list[LevelResult]:
+def gpu_levels(bundle: BundleView, spec, report_dir: Path | None = None,
+               original: onnx.ModelProto | None = None) -> list[LevelResult]:
     """The kernels and end_to_end levels, where this machine has a GPU; recorded as not run elsewhere."""
     if local_device_sm() is None:
         why = "no GPU on this machine: run `deepjit validate BUNDLE` on one"
         return [not_run("kernels", why), not_run("end_to_end", why)]
-    return run_gpu_levels(bundle, spec, report_dir)
+    return run_gpu_levels(bundle, spec, report_dir, original)
 
 
 def validate_bundle(bundle_path: Path, *, engine: str = "auto") -> tuple[BundleView, list[LevelResult]]:

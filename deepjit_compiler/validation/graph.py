@@ -23,6 +23,7 @@ from ..graph.casts import round_through
 from ..graph.ort import random_array
 from ..graph.steps import StepRunner, WiringError
 from ..graph.tensors import TensorSig
+from ..log import Progress
 from ..surgery.plan import AddedStage, Plan
 from .executor import plan_runner
 from .gate import LevelResult, OutputResult, from_outputs
@@ -136,24 +137,26 @@ def check_reassembly(plan: Plan, original: onnx.ModelProto, feeds: Sequence[Mapp
     pieces = plan_runner(plan)
     worst: dict[str, tuple[bool, float, np.ndarray]] = {}
     first = None
-    for feed in feeds:
-        ref = reference.tensors(feed)
+    with Progress("graph level", len(feeds), unit="samples", logger=log.name) as progress:
+        for feed in feeds:
+            ref = reference.tensors(feed)
 
-        def compare(step: str, outputs) -> None:
-            nonlocal first
-            first = first or _first_mismatch(step, outputs, ref)
+            def compare(step: str, outputs) -> None:
+                nonlocal first
+                first = first or _first_mismatch(step, outputs, ref)
 
-        try:
-            got = pieces.tensors(feed, after=compare)
-            missing = [t.name for t in plan.outputs if t.name not in got]
-            if missing:
-                raise WiringError(f"pipeline output '{missing[0]}' is produced by no step")
-        except WiringError as e:
-            return ReassemblyReport((), len(feeds), _rows(feeds), first, str(e), time.perf_counter() - t0)
-        for t in plan.outputs:
-            same, diff = _same(got[t.name], ref[t.name])
-            prev = worst.get(t.name)
-            worst[t.name] = (same and (prev is None or prev[0]), max(diff, prev[1] if prev else 0.0), got[t.name])
+            try:
+                got = pieces.tensors(feed, after=compare)
+                missing = [t.name for t in plan.outputs if t.name not in got]
+                if missing:
+                    raise WiringError(f"pipeline output '{missing[0]}' is produced by no step")
+            except WiringError as e:
+                return ReassemblyReport((), len(feeds), _rows(feeds), first, str(e), time.perf_counter() - t0)
+            for t in plan.outputs:
+                same, diff = _same(got[t.name], ref[t.name])
+                prev = worst.get(t.name)
+                worst[t.name] = (same and (prev is None or prev[0]), max(diff, prev[1] if prev else 0.0), got[t.name])
+            progress.advance()
     checks = tuple(OutputCheck(n, str(a.dtype), tuple(a.shape), d, s) for n, (s, d, a) in worst.items())
     report = ReassemblyReport(checks, len(feeds), _rows(feeds), first, None, time.perf_counter() - t0)
     (log.info if report.passed else log.warning)("%s (%.2f s)", report.describe(), report.seconds)

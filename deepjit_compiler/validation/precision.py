@@ -8,6 +8,7 @@ from pathlib import Path
 import onnx
 
 from ..jit.contracts import DetectionOutputs
+from ..log import Progress
 from ..precision.calibration import CalibrationSettings, reader_for
 from ..precision.emulate import emulate_in_fp32
 from ..precision.rewrite import DEFAULT_KEEP_FP32, apply_precision, check_keep_fp32
@@ -36,9 +37,10 @@ def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path 
     twins = {name: emulate_in_fp32(m) for name, m in segments.items()}
     twins.update({s.name: emulate_in_fp32(s.reference) for s in (*plan.sites, *plan.added)
                   if any(t.name in plan.model_dtypes for t in s.inputs)})
-    level = compare_runs("precision", reference_runner(plan, model, "fp32"),
-                         pipeline_runner(plan, twins, e.precision), feeds, spec.validation.precision_tolerances,
-                         report_dir=report_dir, detections=detections)
+    with Progress("precision level", len(feeds), unit="samples", logger="deepjit.precision") as progress:
+        level = compare_runs("precision", reference_runner(plan, model, "fp32"),
+                             pipeline_runner(plan, twins, e.precision, progress.advance), feeds,
+                             spec.validation.precision_tolerances, report_dir=report_dir, detections=detections)
     calibrated = ""
     if e.precision in CALIBRATED:
         sources = sorted({reader_for(s.model, calibration).source for s in plan.segments})

@@ -28,7 +28,6 @@ from deepjit_compiler.bundle.folder import (
 )
 from deepjit_compiler.bundle.view import BundleView
 from deepjit_compiler.errors import BundleError
-from deepjit_compiler.report import describe
 
 
 def _tiny_onnx(seed: int) -> bytes:
@@ -333,21 +332,6 @@ def test_unpack_bundle_checks_the_expected_digest(tmp_path, sample):
     assert pack(b.root) == info.archive.read_bytes()
 
 
-def test_describe_summarises_for_inspect(tmp_path, sample):
-    files, manifest = sample
-    info = write_bundle(tmp_path / "b", files, manifest)
-    d = describe(info.archive)
-    assert d["name"] == "tiny" and d["digest"] == info.digest
-    assert d["target"] == {"gpu": "Tesla T4", "sm": 75}
-    assert d["spec_sha256"] == manifest["spec"]["sha256"] and d["model_sha256"] == manifest["model"]["sha256"]
-    assert {f["path"]: f["size"] for f in d["files"]} == {rel: len(data) for rel, data in files.items()}
-    assert d["total_size"] == sum(len(v) for v in files.values())
-    assert [k["name"] for k in d["kernels"]] == ["decode"] and d["kernels"][0]["params"] == {"block": 256}
-    assert d["validation"] == {"graph": "passed", "precision": "passed", "kernels": "failed",
-                               "end_to_end": "passed", "engine": "not_run"}
-    assert json.loads(json.dumps(d)) == d  # JSON-ready for `deepjit inspect --json`
-
-
 def test_read_bundle_refuses_other_schema_versions_and_non_bundles(tmp_path, sample):
     info = write_bundle(tmp_path / "b", *sample)
     m = json.loads((info.path / "manifest.json").read_bytes())
@@ -450,3 +434,13 @@ def test_a_manifest_nested_absurdly_deep_is_a_bundle_error(tmp_path, sample):
     (info.path / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(BundleError, match="nested absurdly deep"):
         read_bundle(info.path)
+
+
+def test_without_an_archive_a_stale_one_is_removed_but_a_foreign_file_stays(tmp_path, sample):
+    files, manifest = sample
+    first = write_bundle(tmp_path / "b", files, manifest)  # with its archive
+    again = write_bundle(tmp_path / "b", files, {**manifest, "name": "other"}, archive=False)
+    assert again.archive is None and not (tmp_path / "b.tar.gz").exists() and first.archive == tmp_path / "b.tar.gz"
+    (tmp_path / "b.tar.gz").write_bytes(b"my own tarball, not a bundle")
+    write_bundle(tmp_path / "b", files, manifest, archive=False)
+    assert (tmp_path / "b.tar.gz").read_bytes() == b"my own tarball, not a bundle"

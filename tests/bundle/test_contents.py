@@ -32,7 +32,9 @@ def test_the_manifest_records_plan_engine_and_toolchain(t4_build):
     view = read_bundle(t4_build.bundle.path)
     m = view.manifest
     assert view.file(SPEC_FILE).read_text() == t4_build.spec.text
-    assert view.file(MODEL_FILE).read_bytes() == t4_build.model.data and m["model"]["sha256"] == t4_build.model.sha256
+    # the fp32 model is not deployed (bundle.reference_model: false): only its digest is recorded
+    assert MODEL_FILE not in view.files and view.reference_model is None
+    assert m["model"] == {"name": "yolov8n.onnx", "sha256": t4_build.model.sha256}
     assert m["toolchain"]["onnxruntime"] == metadata.version("onnxruntime") and m["toolchain"]["deepjit"] == "0.1.0"
     assert m["engine"]["segments"] == {"segment": ["engines/segment.onnx"]}
     assert m["engine"]["settings"]["timing_cache"] is None   # the build machine's path stays behind

@@ -24,7 +24,7 @@ def external_detector(folder, location="tiny.onnx.data"):
 SPEC = ("name: tiny\nmodel: {path: tiny.onnx}\ntarget: {gpu: T4}\n"
         "inputs:\n  images: {shape: [N, 3, 32, 32], profile: {min: [1, 3, 32, 32], opt: [2, 3, 32, 32], max: [2, 3, 32, 32]}}\n"
         "cuts:\n  - {name: nms, add: after, at: output0, kernels: [{contract: nms, params: {max_det: 20}}]}\n"
-        "bundle: {path: out/tiny}\n")
+        "bundle: {path: out/tiny, reference_model: true}\n")
 
 
 def test_a_missing_weights_file_is_named(tmp_path):

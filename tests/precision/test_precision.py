@@ -192,6 +192,16 @@ def test_check_keep_fp32_names_the_bad_entry():
         check_keep_fp32([model], ["Softmax", "relu_1"])
 
 
+def test_keep_fp32_of_an_op_no_segment_has_is_a_warning(caplog):
+    """keep_fp32: [Softmax] where the Softmax is inside a cut (its kernel replaced it) keeps nothing: say so."""
+    model = conv_softmax_model()
+    with caplog.at_level("WARNING", logger="deepjit.precision"):
+        check_keep_fp32([model], ["Softmax", "TopK"])
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "keep_fp32[1]: no engine segment has a TopK node" in warned[0]
+    assert "keeps nothing in fp32" in warned[0]
+
+
 def test_unknown_precision_and_int8_without_calibration_are_spec_errors():
     with pytest.raises(SpecError, match="engine.precision.*did you mean 'fp16'"):
         apply_precision(conv_softmax_model(), "fp61")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from deepjit_compiler import store
 from deepjit_compiler.bundle.folder import read_bundle, write_bundle
@@ -98,7 +99,8 @@ def test_pull_from_a_tarball_push_and_default_destination(tmp_path, monkeypatch)
 def test_ls_lists_tags_in_order_with_name_digest_and_size(tmp_path):
     a, b = make_bundle(tmp_path / "a", 3, name="alpha"), make_bundle(tmp_path / "b", 4, name="beta")
     s = open_store(f"file://{tmp_path}/store")
-    assert s.ls() == []
+    with pytest.raises(StoreError, match=f"no store there \\({tmp_path}/store does not exist"):
+        s.ls()  # a typo in the path is not an empty store
     s.push(b.path, "z-last")
     s.push(a.path, "a-first")
     s.push(a.path, "also-a")
@@ -109,6 +111,7 @@ def test_ls_lists_tags_in_order_with_name_digest_and_size(tmp_path):
         ("also-a", a.digest, "alpha", size_a),
         ("z-last", b.digest, "beta", size_b),
     ]
+    assert all(e.levels == {"graph": "passed"} for e in entries)
     with pytest.raises(StoreError, match="`ls` takes a store"):
         store.ls(f"file://{tmp_path}/store:v1")
 
@@ -274,3 +277,37 @@ def test_junk_in_a_store_is_a_clear_error(tmp_path):
     meta.write_text("[" * 100_000 + "]" * 100_000)
     assert [e.name for e in s.ls()] == [""]                      # listed, without a name
     assert read_bundle(s.pull("v1", tmp_path / "p")).digest == digest   # the blob itself still verifies
+
+
+def test_ls_prints_a_table_with_sizes_and_validation(tmp_path):
+    a = make_bundle(tmp_path / "a", 7, name="alpha")
+    rejected = write_bundle(tmp_path / "r", {"k.cubin": b"\x7fELF" + bytes(3000)}, {"name": "rej", "validation": {
+        "levels": {"graph": {"status": "passed"}, "precision": {"status": "failed"}, "kernels": {"status": "not_run"}}}})
+    s = FileStore(tmp_path / "store")
+    s.push(a.path, "v1")
+    s.push(rejected.path, "bad")
+    r = run_cli("ls", f"file://{tmp_path}/store")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = next(line for line in lines if "tag" in line)
+    assert all(col in header for col in ("bundle", "validation", "size", "digest"))
+    v1 = next(line for line in lines if "v1" in line)
+    size = a.archive.stat().st_size
+    assert "alpha" in v1 and "graph passed" in v1 and a.digest in v1
+    assert f"{size / 1000:.1f} kB" in v1 and f" {size} " not in v1  # for humans, not raw bytes
+    assert "precision FAILED; graph passed; kernels not run" in next(line for line in lines if "bad" in line)
+    r = run_cli("ls", f"file://{tmp_path}/nowhere")
+    assert r.returncode == 2 and "no store there" in r.stderr and r.stdout == ""
+    r = run_cli("ls", f"file://{tmp_path}/store", "--json")
+    assert {e["tag"]: e["validation"] for e in json.loads(r.stdout)}["bad"]["precision"] == "failed"
+
+
+def test_a_bare_tag_push_says_it_creates_the_default_store(tmp_path):
+    a = make_bundle(tmp_path / "a", 8)
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")}
+    default = tmp_path / "data/deepjit/store"
+    r = run_cli("push", str(a.path), "v1", env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"creating the default store {default}" in r.stderr and default.is_dir()
+    r = run_cli("push", str(a.path), "v2", env=env)
+    assert r.returncode == 0 and "creating the default store" not in r.stderr  # only the first time

@@ -109,6 +109,11 @@ def test_ls_lists_bundles_and_skips_foreign_artifacts(registry_server, tmp_path,
     entries = store.ls(repo)
     assert [(e.tag, e.digest, e.name, e.size) for e in entries] == [
         ("a", a.digest, "alpha", a.archive.stat().st_size), ("z", b.digest, "beta", b.archive.stat().st_size)]
+    checked = write_bundle(tmp_path / "c", {"k.cubin": random.Random(5).randbytes(500)}, {"name": "c", "validation": {
+        "levels": {"precision": {"status": "failed"}, "graph": {"status": "passed"}}}})
+    store.push(checked.path, f"{repo}:c", force=True)
+    levels = {e.tag: e.levels for e in store.ls(repo)}  # from the manifest's annotation, without a fetch
+    assert levels == {"a": {}, "c": {"graph": "passed", "precision": "failed"}, "z": {}}
     with pytest.raises(StoreError, match="'foreign' is not a DeepJIT bundle"):
         store.pull(f"{repo}:foreign", tmp_path / "p")
 

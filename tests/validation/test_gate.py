@@ -40,7 +40,8 @@ def _reference():
     return OnnxrtRunner(SessionFromOnnx(_sigmoid_model()), name="onnxruntime")
 
 
-def test_gate_passes_within_tolerance(tmp_path):
+def test_gate_passes_within_tolerance(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPJIT_KEEP_RUN_RESULTS", "1")  # asked for: a passing comparison's RunResults too
     tol = Tolerances(default=Tolerance(atol=1e-5, rtol=1e-5))
     result = compare_runs("kernels", _reference(), FunctionRunner(_candidate(0.0), "deepjit"), _feeds(), tol,
                           report_dir=tmp_path)
@@ -48,6 +49,15 @@ def test_gate_passes_within_tolerance(tmp_path):
     assert {o.name for o in result.outputs} == {"y", "z"}
     assert all(o.passed and o.max_abs < 1e-5 for o in result.outputs), result.outputs
     assert (tmp_path / "kernels.runresults.json").stat().st_size > 0
+
+
+def test_run_results_are_kept_for_failed_comparisons_only(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEEPJIT_KEEP_RUN_RESULTS", raising=False)
+    tol = Tolerances(default=Tolerance(atol=1e-5, rtol=1e-5))
+    for error, name in ((0.0, "good"), (3e-3, "bad")):
+        compare_runs("kernels", _reference(), FunctionRunner(_candidate(error), "deepjit"), _feeds(1), tol,
+                     report_dir=tmp_path, report_name=name)
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.runresults.json"]
 
 
 def test_gate_fails_past_tolerance_and_names_output():

@@ -19,7 +19,8 @@ def _levels(path):
     return read_bundle(path).manifest["validation"]["levels"]
 
 
-def test_correct_kernels_pass_every_gpu_level(write_spec, tmp_path):
+def test_correct_kernels_pass_every_gpu_level(write_spec, tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPJIT_KEEP_RUN_RESULTS", "1")  # a passing comparison's RunResults too, to check them
     r = run_cli("build", str(write_spec(N)), "--no-publish", "--json")
     assert r.returncode == 0, r.stderr
     levels = _levels(tmp_path / "out/yolov8n_t4")

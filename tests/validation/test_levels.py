@@ -16,6 +16,7 @@ from deepjit_compiler.spec.load import load_spec
 from deepjit_compiler.surgery.cut import plan_from_model
 from deepjit_compiler.validation import gpu as gpu_levels_mod
 from deepjit_compiler.validation.data import feeds_for
+from deepjit_compiler.validation.end_to_end import end_to_end_level
 from deepjit_compiler.validation.engine import engine_level
 from deepjit_compiler.validation.kernels import _Check, _kernel_runs
 from deepjit_compiler.validation.precision import precision_stage
@@ -78,6 +79,16 @@ def test_validate_bundle_needs_a_gpu(t4_build, monkeypatch):
     monkeypatch.setattr(gpu_levels_mod, "local_device_sm", lambda: None)
     with pytest.raises(MissingDependency, match="need an NVIDIA GPU"):
         gpu_levels_mod.validate_bundle(t4_build.bundle.path)
+
+
+def test_end_to_end_is_not_run_on_a_bundle_without_its_reference_model(t4_build):
+    """A deployed bundle does not carry the fp32 model: `deepjit validate` records why end_to_end did
+    not run instead of failing (the build itself compares against the model it has)."""
+    view = read_bundle(t4_build.bundle.path)
+    assert view.reference_model is None
+    level = end_to_end_level(view, {}, [], view.spec())
+    assert (level.level, level.status) == ("end_to_end", "not_run")
+    assert "bundle.reference_model: true" in level.reason
 
 
 def test_kernel_steps_run_as_chains_between_segments():

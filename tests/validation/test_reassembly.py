@@ -37,8 +37,11 @@ def replace_step(plan: Plan, name: str, **changes) -> Plan:
     return dataclasses.replace(plan, steps=steps)
 
 
-def test_correct_plan_is_bit_identical_over_several_samples():
-    report = check_reassembly(two_cut_plan(), two_cut_model(), seed=123, samples=3, batch=3)
+def test_correct_plan_is_bit_identical_over_several_samples(caplog):
+    with caplog.at_level("INFO", logger="deepjit.reassembly"):
+        report = check_reassembly(two_cut_plan(), two_cut_model(), seed=123, samples=3, batch=3)
+    counts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("graph level:")]
+    assert counts == [f"graph level: {k} of 3 samples ({k * 100 // 3}%)" for k in (1, 2, 3)]  # piped: a line each
     assert report.passed
     assert [(o.name, o.bit_identical, o.max_abs_diff, o.shape) for o in report.outputs] == [("y", True, 0.0, (3, 8, 8, 8))]
     assert report.first_mismatch is None and report.error is None
