@@ -7,12 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import real_bundles as real_data  # tests/real_bundles.py: a trained YOLOv8, photos and bundles of it
 import registry  # tests/registry.py: a real OCI registry on loopback
 
-# Its fixtures, for every test module. Bound by assignment rather than `from registry import ...` in
+# Their fixtures, for every test module. Bound by assignment rather than `from registry import ...` in
 # each module, which pyflakes reports as unused imports shadowed by the test arguments.
 registry_server = registry.registry_server
 auth_registry_server = registry.auth_registry_server
+real_model, photos, real_bundles = real_data.real_model, real_data.photos, real_data.real_bundles
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINES = REPO / "pipelines"
