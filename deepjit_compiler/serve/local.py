@@ -12,7 +12,9 @@ breaks multiprocessing when its patch release differs from this interpreter's, s
 with this interpreter's own lib folder. The server binds 127.0.0.1 only, on free ports. What the Python
 backend leaves behind when a server is killed, its shared memory regions (/dev/shm) and its
 /tmp/python_env_* folder, is removed on stop: the regions by the prefix this server was given, the
-folder only when it appeared while this server ran and is empty.
+folder only when it appeared while this server ran and is empty. A run killed before it could stop
+its server leaves regions of a prefix naming a process that is gone: the next start removes those
+(`remove_stale_regions`), never a region of another prefix or of a process still running.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from ..errors import MissingDependency, ServeError
 
 SHM = Path("/dev/shm")
 ENV_DIRS = Path("/tmp")                    # where the Python backend makes python_env_XXXXXX (fixed there)
+REGION_PREFIX = "deepjit_"                # + pid + "_" + a random tag: the prefix each server's regions get
 PYTRITON = "nvidia-pytriton (Linux x86_64/aarch64, glibc >= 2.35: pip install nvidia-pytriton)"
 
 
@@ -59,6 +62,28 @@ def stub_for_this_python(root: Path) -> Path:
     return stub
 
 
+def remove_stale_regions(shm: Path = SHM) -> list[Path]:
+    """Remove the shared memory regions of LocalTritonServers whose process is gone; the ones removed."""
+    removed = []
+    for region in shm.glob(f"{REGION_PREFIX}*_*"):
+        pid = region.name[len(REGION_PREFIX):].split("_", 1)[0]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        region.unlink(missing_ok=True)
+        removed.append(region)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        pass
+    return True
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -74,7 +99,7 @@ class LocalTritonServer:
         self.root = pytriton_root()
         self.stub = stub_for_this_python(self.root)
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.shm_prefix = f"deepjit_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self.shm_prefix = f"{REGION_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         self._tmp = tempfile.TemporaryDirectory(prefix="deepjit-triton-")
         self.log_file = Path(log_file) if log_file else Path(self._tmp.name) / "tritonserver.log"
         self.proc: subprocess.Popen | None = None
@@ -114,6 +139,7 @@ class LocalTritonServer:
         return env
 
     def start(self) -> LocalTritonServer:
+        remove_stale_regions()
         self._env_dirs_before = {p.name for p in ENV_DIRS.glob("python_env_*")}
         with open(self.log_file, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),

@@ -5,10 +5,12 @@ serving, and concurrent requests are batched. Skips, with the reason, where the 
 
 The models run in this test's own Python environment (EXECUTION_ENV_PATH = sys.prefix): it must be a
 virtual environment with numpy < 2 (the test extra's nvidia-pytriton pins it), as any serving
-environment of Triton's Python backend must be."""
+environment of Triton's Python backend must be. DEEPJIT_TRITON_ENV names another one (a machine whose
+own numpy is 2: bench/h200_check.sh's triton part makes one)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,9 +33,12 @@ SLOW_QUEUE_US = 2_000_000   # the batching model waits up to 2 s for a second re
 
 
 def serving_env() -> str:
-    """This environment, if Triton's Python backend can run DeepJIT from it; else skip saying why."""
+    """DEEPJIT_TRITON_ENV, else this environment if Triton's Python backend can run DeepJIT from it; else
+    skip saying why."""
     if not sys.platform.startswith("linux"):
         pytest.skip("nvidia-pytriton's tritonserver runs on Linux only")
+    if os.environ.get("DEEPJIT_TRITON_ENV"):
+        return os.environ["DEEPJIT_TRITON_ENV"]
     if sys.prefix == sys.base_prefix:
         pytest.skip("the models run in this Python environment (EXECUTION_ENV_PATH needs a virtual environment's "
                     "bin/activate): run the tests in a venv")
@@ -121,7 +126,8 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, re
         inp = http.InferInput("images", [1, 3, 320, 320], "FP32")
         inp.set_data_from_numpy(tensors[i:i + 1])
         pending.append(client.async_infer("tensors", [inp]))
-    answers = [{k: p.get_result().as_numpy(k) for k in ("num_dets", "boxes", "scores", "classes")} for p in pending]
+    results = [p.get_result() for p in pending]   # once each: a result reads its response as it is parsed
+    answers = [{k: r.as_numpy(k) for k in ("num_dets", "boxes", "scores", "classes")} for r in results]
     after = client.get_inference_statistics("tensors")["model_stats"][0]
     assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 2
     assert int(after["execution_count"]) - int(before.get("execution_count", 0)) == 1   # one batch of two
