@@ -80,7 +80,7 @@ for part in "${parts[@]}"; do
     for b in ${TRITON_BATCHES:-1 8}; do
       echo "== Triton KIND_${kind^^}, requests of batch $b" && python3 bench/triton_load.py "$bundle" --kind "$kind" --env $env \
         --batch $b --clients "${CLIENTS:-8}" --requests "${REQUESTS:-800}" --queue-delay-us "${QUEUE_US:-500}" \
-        --append "$OUT/triton_results.md" --json "$OUT/triton_gpu_b$b.json" --log "$OUT/tritonserver_b$b.log"
+        --append "$OUT/triton_results.md" --log "$OUT/tritonserver.log"   # (at most 8 files come back from $OUT)
     done
     echo "== gpu-marked Triton test" && DEEPJIT_TRITON_ENV=$env python3 -m pytest -m gpu -q -ra -p no:cacheprovider \
       tests/serve 2>&1 | tee "$OUT/pytest_triton_gpu.txt" | tail -15 ;;
