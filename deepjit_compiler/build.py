@@ -16,10 +16,11 @@ from typing import Any
 from .bundle.contents import bundle_files, bundle_manifest
 from .bundle.folder import StagedBundle, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
-from .errors import GateFailed, OutputError
+from .errors import GateFailed, KernelError, OutputError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
-from .jit.contracts import declared_detections
+from .jit.contracts import declared_detections, load_contract, resolve_params
 from .jit.nvrtc import compile_site_kernels
+from .jit.thresholds import check_thresholds
 from .log import StageTimes
 from .model.source import ResolvedModel, check_inputs, resolve_model
 from .spec.load import LoadedSpec, load_spec
@@ -95,6 +96,10 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     result = BuildResult(loaded, resolved, times=times)
     with times.stage("surgery"):
         result.plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
+        warnings = check_kernel_params(loaded, result.plan)
+    for warning in warnings:
+        log.warning("%s", warning)
+    result.notes += warnings
     if dry_run:
         return result
 
@@ -120,10 +125,10 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     spec = loaded.spec
     feeds = feeds_for(spec, plan.inputs)
     with times.stage("graph"):
-        report = GateReport().with_levels(graph_level(spec, plan, resolved.model))
+        report = GateReport().with_levels(graph_level(plan, resolved.model, feeds))
     with times.stage("precision"):
-        detections = declared_detections((k.contract for s in (*plan.sites, *plan.added) for k in s.kernels),
-                                         loaded.folder)
+        detections = declared_detections(((k.contract, k.params) for s in (*plan.sites, *plan.added)
+                                          for k in s.kernels), loaded.folder)
         segments, precision_level = precision_stage(spec, plan, resolved.model, feeds, report_dir, detections)
         report = report.with_levels(precision_level)
     with times.stage("kernels"):
@@ -158,17 +163,40 @@ def _build(result: BuildResult, report_dir: Path) -> None:
 
 
 
+def _facts(plan, step) -> dict[str, Any]:
+    """What fills in a step's inferable params: a site's, what its preset found; an added stage's, its
+    own params and the sites' facts (NMS sizes its buffers by the decode's anchor count)."""
+    if step.kind == "kernel":
+        return dict(step.facts)
+    return {**{k: v for site in plan.sites for k, v in site.facts.items()}, **step.params}
+
+
+def check_kernel_params(loaded: LoadedSpec, plan) -> list[str]:
+    """Before any work: every kernel's params resolved against what the surgery found (a given param
+    that contradicts the model is an error) and the confidence thresholds along the pipeline checked.
+    Returns the warnings."""
+    kernels = []
+    for step in (s for s in plan.steps if s.kind != "segment"):
+        for i, k in enumerate(step.kernels):
+            label = f"cut '{step.name}' kernels[{i}] ({k.contract})"
+            try:
+                contract = load_contract(str(k.contract), spec_dir=loaded.folder)
+                kernels.append((label, contract, resolve_params(contract, k.params, _facts(plan, step))))
+            except KernelError as e:
+                raise KernelError(f"{loaded.path}: {label}: {e}") from None
+    try:
+        return check_thresholds(kernels)
+    except KernelError as e:
+        raise KernelError(f"{loaded.path}: {e}") from None
+
+
 def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
     """NVRTC for every kernel of every cut and added stage: cubin for the target SM + PTX, cached."""
     spec = loaded.spec
-    # What the preset found fills in a site's inferable params; an added stage also gets its own
-    # params and the sites' facts (NMS sizes its buffers by the decode's anchor count).
-    site_facts = {k: v for site in plan.sites for k, v in site.facts.items()}
     out = {}
     for step in (*plan.sites, *plan.added):
-        facts = step.facts if step.kind == "kernel" else {**site_facts, **step.params}
         out[step.name] = compile_site_kernels(
-            [(k.contract, k.params) for k in step.kernels], facts,
+            [(k.contract, k.params) for k in step.kernels], _facts(plan, step),
             sm=spec.target.resolved_sm, options=spec.compile.options, fast_math=spec.compile.fast_math,
             debug=spec.compile.debug, cache_dir=spec.compile.cache_dir, spec_dir=loaded.folder)
     return out

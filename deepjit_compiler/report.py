@@ -64,7 +64,11 @@ def print_build(result) -> None:
     for name, lv in d["validation"]["levels"].items():
         detail = lv.get("reason", "")
         for out_name, o in lv.get("outputs", {}).items():
-            detail += f"\n{out_name}: " + (o["detail"] or f"max abs {o['max_abs']:.3g}, median abs {o['median_abs']:.3g}")
+            detail += f"\n{out_name}: " + (o["detail"] or f"max abs {o['max_abs']:.3g}, median abs "
+                                                       f"{o['median_abs']:.3g}, mean abs {o['mean_abs']:.3g}")
+            if o["tolerance"]:  # what it was judged by, so a pass says how strict it was
+                detail += "\n  tolerance: " + ", ".join(k if v is True else f"{k} {v:g}" if isinstance(v, float)
+                                                       else f"{k} {v}" for k, v in o["tolerance"].items())
         levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", detail.strip())
     out.print(levels)
     if d["bundle"]:

@@ -1,10 +1,9 @@
 """A real trained YOLOv8 and real photos, shared by the tests that need them (bound as fixtures in
-conftest.py): nudenet 3.4.2's 320n.onnx (YOLOv8n, 18 classes, dynamic axes, 320 input), scikit-image's
-photos, and fp32 bundles of the model with the letterbox on the host and on the GPU (for this GPU, sm_75
-without one), built once per session."""
+conftest.py): nudenet 3.4.2's 320n.onnx (YOLOv8n, 18 classes, dynamic axes, 320 input; tests/trained.py
+finds it), four of scikit-image's photos, and fp32 bundles of the model with the letterbox on the host
+and on the GPU (for this GPU, sm_75 without one), built once per session."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +20,9 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "colorwheel")
 
 
 @pytest.fixture(scope="session")
-def real_model() -> Path:
-    found = importlib.util.find_spec("nudenet")
-    if found is None:
-        pytest.skip("nudenet 3.4.2 is not installed (its 320n.onnx is the trained YOLOv8n): "
-                    "pip install nudenet==3.4.2 --no-deps")
-    return Path(found.submodule_search_locations[0]) / "320n.onnx"
+def real_model(nudenet_320n) -> Path:
+    """The trained YOLOv8n: tests/trained.py's nudenet_320n (installed, its sha256 checked)."""
+    return nudenet_320n
 
 
 @pytest.fixture(scope="session")

@@ -98,6 +98,22 @@ def test_dry_run_json_plan_both_layouts(write_spec, layout, dynamic):
     assert [t["name"] for t in plan[-1]["outputs"]] == ["num_dets", "boxes", "scores", "classes"]
 
 
+DECODE_CONF = "conf_threshold: 0.25        # same as NMS's"
+
+
+def test_a_decode_threshold_above_the_nms_one_is_refused_and_one_below_is_a_warning(write_spec, tmp_path):
+    """Found through the contracts' roles.score_threshold (the decode's candidates feed the nms)."""
+    r = run_cli("build", str(_spec(write_spec, **{DECODE_CONF: "conf_threshold: 0.3 #"})), "--dry-run")
+    assert r.returncode == 2, r.stderr
+    assert ("cut 'decode' kernels[0] (yolov8_decode)'s conf_threshold 0.3 and cut 'nms' kernels[0] (nms)'s "
+            "conf_threshold 0.25") in r.stderr and "(0.25, 0.3] that cut 'nms'" in r.stderr and "lost" in r.stderr
+    r = run_cli("build", str(_spec(write_spec, **{DECODE_CONF: "conf_threshold: 0.2 #"})), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    (warning,) = [n for n in json.loads(r.stdout)["notes"] if n.startswith("warning:")]
+    assert "the candidates cut 'decode' kernels[0] (yolov8_decode) keeps in (0.2, 0.25] are dropped" in warning
+    assert warning in r.stderr
+
+
 @pytest.mark.slow  # a full build
 def test_build_publishes_to_an_oci_registry(write_spec, tmp_path, registry_server):
     url = f"oci://{registry_server.host}/deepjit/yolov8n"

@@ -74,7 +74,7 @@ PACKAGE = REPO / "deepjit_compiler"
 # Stages import downward only: a package may import its own modules and those of the layers above it
 # in this list, never one below it (so no cycle can form between packages either).
 LAYERS = (
-    {"", "errors", "config", "files", "log", "_optional"},
+    {"", "errors", "config", "files", "log", "_optional", "images"},
     {"spec"},
     {"graph"},
     {"model", "jit"},

@@ -20,8 +20,7 @@ from pydantic import ValidationError
 from ..engines.flavours import flavour_of_plan
 from ..errors import BundleError, KernelError, closest
 from ..graph.tensors import TensorSig
-from ..jit.contract_models import Detections
-from ..jit.contracts import Contract, load_contract
+from ..jit.contracts import Contract, DetectionOutputs, detection_outputs, load_contract
 from ..jit.nvrtc import CompiledKernel
 from ..spec.models import Spec
 from ..spec.safeyaml import load_yaml, read_text
@@ -318,9 +317,10 @@ class BundleView:
             raise BundleError(f"{self.source}: manifest: {e}") from None
 
     @cached_property
-    def detections(self) -> tuple[Detections, ...]:
-        """The outputs that are detections, as the kernels' contracts declare them."""
-        return tuple(d for s in self.steps for k in s.kernels if (d := self.contract(k).model.roles.detections))
+    def detections(self) -> tuple[DetectionOutputs, ...]:
+        """The outputs that are detections, as the kernels' contracts declare them, with the threshold
+        each kernel cut them at."""
+        return tuple(d for s in self.steps for k in s.kernels if (d := detection_outputs(self.contract(k), k.params)))
 
     def model_file(self) -> str:
         return str(_field(self.manifest.get("model"), "file", "model"))

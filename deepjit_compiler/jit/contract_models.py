@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Expr = Union[int, float, str]
 ARG_TYPES = ("ptr", "i32", "u32", "i64", "u64", "f32", "f64")
@@ -31,6 +31,8 @@ class ParamSpec(_Model):
     max: float | None = None
     infer: str | None = Field(None, description="kernel-site fact that supplies the value when not given")
     symbolic: bool = Field(False, description="a string value is a symbolic dim name (dynamic shape)")
+    overridable: bool = Field(False, description="the spec may give another value than the inferred fact (a "
+                              "capacity, not a property of the model); otherwise a given value must agree with it")
     doc: str = ""
 
 
@@ -99,6 +101,9 @@ class Roles(_Model):
     image_input: ImageInput | None = None
     host_args: Literal[HOST_ARGS] | None = Field(  # type: ignore[valid-type]
         None, description="launch args the runtime computes on the host from the bound dims and params")
+    score_threshold: str | None = Field(
+        None, description="the float param below which (score <= it) the kernel drops detections or candidates: "
+        "the gate's borderline band is around it, and a later kernel's must not be lower")
 
 
 class ContractModel(_Model):
@@ -114,3 +119,10 @@ class ContractModel(_Model):
     entry_points: list[EntrySpec] = Field(min_length=1)
     workspace: Expr = 0
     roles: Roles = Roles()
+
+    @model_validator(mode="after")
+    def _roles_name_params(self) -> "ContractModel":
+        name = self.roles.score_threshold
+        if name is not None and (name not in self.params or self.params[name].type != "float"):
+            raise ValueError(f"roles.score_threshold: '{name}' must be one of the contract's float params")
+        return self

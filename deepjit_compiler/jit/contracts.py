@@ -158,6 +158,7 @@ def resolve_params(contract: Contract, given: Mapping[str, Any],
     for name, spec in model.params.items():
         if name in given:
             value = given[name]
+            _check_agrees(name, spec, value, facts, where)
         elif spec.infer is not None and facts.get(spec.infer) is not None:
             value = facts[spec.infer]
         elif "default" in spec.model_fields_set:
@@ -170,6 +171,26 @@ def resolve_params(contract: Contract, given: Mapping[str, Any],
     for name, expr in model.derived.items():
         values[name] = evaluate(expr, values, f"{where}: derived.{name}")
     return MappingProxyType(values)
+
+
+def _check_agrees(name: str, spec: ParamSpec, value: Any, facts: Mapping[str, Any], where: str) -> None:
+    """A given param that the kernel site also tells (its `infer` fact, when concrete) must agree with
+    it, unless the contract marks it overridable: a kernel built for another value reads the model's
+    tensors wrong (an 80-class decode on an 18-class head)."""
+    fact = facts.get(spec.infer) if spec.infer is not None and not spec.overridable else None
+    if fact is None or _symbolic(fact) or value is None:
+        return
+    if _check_param(name, spec, value, where) != _check_param(name, spec, fact, where):
+        raise KernelError(f"{where}: param '{name}' is given as {value!r}, but the kernel site has {fact!r} "
+                          f"(its '{spec.infer}', found in the model): remove '{name}' from the cut's params or "
+                          f"set it to {fact!r}")
+
+
+def _symbolic(value: Any) -> bool:
+    """Whether a fact holds a symbolic dim (a string) anywhere: then it is no concrete value to agree with."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, (list, tuple)) and any(_symbolic(v) for v in value)
 
 
 def signature(contract: Contract, params: Mapping[str, Any]) -> tuple[TensorSig, ...]:
@@ -203,10 +224,43 @@ def site_inputs(contract: Contract, params: Mapping[str, Any]) -> dict[str, int]
     return out
 
 
-def declared_detections(refs: Iterable[str], spec_dir: Path | None = None) -> tuple[Detections, ...]:
-    """The detection outputs the contracts `refs` (names or paths) declare (roles.detections)."""
-    roles = (load_contract(str(ref), spec_dir=spec_dir).model.roles for ref in refs)
-    return tuple(r.detections for r in roles if r.detections is not None)
+@dataclass(frozen=True, slots=True)
+class DetectionOutputs:
+    """Outputs a kernel declares as detections (roles.detections) and the confidence threshold it cut
+    them at (its roles.score_threshold param; None when it declares none)."""
+
+    declared: Detections
+    threshold: float | None = None
+
+    @property
+    def names(self) -> tuple[str, str, str, str]:
+        return self.declared.names
+
+    @property
+    def count(self) -> str:
+        return self.declared.count
+
+
+def score_threshold(contract: Contract, params: Mapping[str, Any]) -> float | None:
+    """The value of the param the contract's roles.score_threshold names: given, else its default."""
+    name = contract.model.roles.score_threshold
+    if name is None:
+        return None
+    value = params.get(name, contract.model.params[name].default)
+    return None if value is None else float(value)
+
+
+def detection_outputs(contract: Contract, params: Mapping[str, Any]) -> DetectionOutputs | None:
+    """The detection outputs of a kernel with these params, or None if its contract declares none."""
+    declared = contract.model.roles.detections
+    return None if declared is None else DetectionOutputs(declared, score_threshold(contract, params))
+
+
+def declared_detections(kernels: Iterable[tuple[str, Mapping[str, Any]]],
+                        spec_dir: Path | None = None) -> tuple[DetectionOutputs, ...]:
+    """The detection outputs the kernels `(contract name or path, params)` declare (roles.detections)."""
+    found = (detection_outputs(load_contract(str(ref), spec_dir=spec_dir), params) for ref, params in kernels)
+    return tuple(d for d in found if d is not None)
 
 
 def image_channels(contract: Contract, params: Mapping[str, Any]) -> str:

@@ -2,12 +2,17 @@
 
 The data is either a folder of samples or seeded random data:
 
-- a folder: `*.npz` files, one per sample, holding one array per segment input (keyed by input name);
-  for a segment with a single input, `*.npy` files (one array per sample) work too. Files are read
-  in name order and the first `samples` are used. An array one rank short of the input gets a batch
-  axis; arrays are cast to the input's dtype.
+- a folder of images (.jpg, .png, ...) for a segment whose one input takes them, [B, 3, S, S]: each
+  image letterboxed on the host to S x S as the validation data is (docs/semantics.md), one sample
+  each;
+- a folder of `*.npz` files, one per sample, holding one array per segment input (keyed by input
+  name); for a segment with a single input, `*.npy` files (one array per sample) work too. An array
+  one rank short of the input gets a batch axis; arrays are cast to the input's dtype;
 - `random`: `samples` draws, uniform in the spec's per-input `[low, high]` (default `[0, 1]`), from a
   generator seeded by (seed, sample index), so the same spec always calibrates on the same bytes.
+
+A folder's files are read in name order and the first `samples` are used (images before .npz before
+.npy: a folder holds one kind).
 
 The cache is a folder of ONNX Runtime calibration caches (`quantize_static(calibration_cache_path=)`),
 one JSON of tensor ranges per key: sha256 over the segment's bytes, the data's digest, the
@@ -25,6 +30,7 @@ import logging
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +47,8 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.calibrate import load_tensors_data
 
 from ..errors import MissingDependency, SpecError, closest
+from ..images import IMAGE_SUFFIXES, read_image
+from ..surgery.references import letterbox_numpy
 
 log = logging.getLogger("deepjit.calibration")
 
@@ -95,10 +103,11 @@ class CalibrationSettings:
 
 
 class CalibrationReader(CalibrationDataReader):
-    """ONNX Runtime's data reader over lazily loaded samples; `reads` counts samples handed out."""
+    """ONNX Runtime's data reader over lazily loaded samples; `reads` counts samples handed out;
+    `source` says what they are ("16 of 17 images in photos")."""
 
-    def __init__(self, samples: Sequence[Callable[[], Feeds]], digest: str):
-        self._samples, self.digest = list(samples), digest
+    def __init__(self, samples: Sequence[Callable[[], Feeds]], digest: str, source: str = ""):
+        self._samples, self.digest, self.source = list(samples), digest, source
         self._start, self._end, self._next = 0, len(self._samples), 0
         self.reads = 0
 
@@ -145,7 +154,7 @@ def reader_for(model: onnx.ModelProto, settings: CalibrationSettings) -> Calibra
     inputs = _inputs(model)
     if settings.data == "random":
         return _random_reader(inputs, settings)
-    return _folder_reader(inputs, Path(settings.data), settings.samples)
+    return _folder_reader(inputs, Path(settings.data), settings)
 
 
 def _concrete_shape(inp: _Input, settings: CalibrationSettings) -> tuple[int, ...]:
@@ -184,32 +193,61 @@ def _random_reader(inputs: list[_Input], settings: CalibrationSettings) -> Calib
         return feeds
 
     digest = "random:" + hashlib.sha256(recipe.encode()).hexdigest()
-    return CalibrationReader([lambda k=k: sample(k) for k in range(settings.samples)], digest)
+    return CalibrationReader([lambda k=k: sample(k) for k in range(settings.samples)], digest,
+                             f"{settings.samples} seeded random samples")
 
 
-def _folder_reader(inputs: list[_Input], folder: Path, samples: int) -> CalibrationReader:
+def _folder_reader(inputs: list[_Input], folder: Path, settings: CalibrationSettings) -> CalibrationReader:
     if not folder.is_dir():
         raise SpecError(f"engine.calibration.data: folder {folder} does not exist (or give 'random')")
+    images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     npz = sorted(folder.glob("*.npz"))
-    files = npz if npz else sorted(folder.glob("*.npy"))
-    if not files:
-        raise SpecError(f"engine.calibration.data: no .npz or .npy files in {folder}")
+    found = images or npz or sorted(folder.glob("*.npy"))
+    kind = "images" if images else ".npz files" if npz else ".npy files"
+    if not found:
+        raise SpecError(f"engine.calibration.data: no images ({', '.join(IMAGE_SUFFIXES)}), .npz or .npy files "
+                        f"in {folder}")
     if not npz and len(inputs) != 1:
-        raise SpecError(f"engine.calibration.data: {folder} holds .npy files, but the segment has "
+        raise SpecError(f"engine.calibration.data: {folder} holds {kind}, but the segment has "
                         f"{len(inputs)} inputs ({', '.join(i.name for i in inputs)}): give one .npz per "
                         "sample with an array per input")
-    files = files[:samples]
+    files = found[:settings.samples]
     h = hashlib.sha256()
+    if images:
+        size = _image_size(inputs[0], settings, folder)
+        h.update(f"letterbox {size} {inputs[0].dtype}\0".encode())  # how the images become samples
+        load = partial(_load_image, inp=inputs[0], size=size)
+    else:
+        load = partial(_load_sample, inputs=inputs)
     for f in files:
         h.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
-    return CalibrationReader([lambda f=f: _load_sample(f, inputs) for f in files], "folder:" + h.hexdigest())
+    return CalibrationReader([partial(load, f) for f in files], "folder:" + h.hexdigest(),
+                             f"{len(files)} of {len(found)} {kind} in {folder.name}")
+
+
+def _image_size(inp: _Input, settings: CalibrationSettings, folder: Path) -> int:
+    """S of a segment input [B, 3, S, S] that takes letterboxed images."""
+    shape = _concrete_shape(inp, settings)
+    if len(shape) != 4 or shape[1] != 3 or shape[2] != shape[3]:
+        raise SpecError(f"engine.calibration.data: {folder} holds images, but the segment's input '{inp.name}' "
+                        f"{_show(inp.dims)} takes none (a square [B, 3, S, S] input does): give .npy or .npz files")
+    return shape[2]
+
+
+def _load_image(path: Path, inp: _Input, size: int) -> Feeds:
+    """An image letterboxed like the validation data (validation/data.py: read as BGR, swapped back)."""
+    bgr = read_image(path)[..., ::-1]
+    return {inp.name: letterbox_numpy(bgr[None], size=size, dtype=str(inp.dtype), swap_rb=True)["images"]}
 
 
 def _load_sample(path: Path, inputs: list[_Input]) -> Feeds:
     try:
-        with np.load(path, allow_pickle=False) as loaded:
-            arrays = dict(loaded) if path.suffix == ".npz" else {inputs[0].name: loaded}
-    except (OSError, ValueError) as e:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as loaded:
+                arrays = dict(loaded)
+        else:  # an .npy holds one array, not an archive
+            arrays = {inputs[0].name: np.load(path, allow_pickle=False)}
+    except (OSError, ValueError, EOFError) as e:
         raise SpecError(f"calibration sample {path}: cannot read: {e}") from None
     feeds = {}
     for inp in inputs:
@@ -273,7 +311,7 @@ def quantize_int8(model: onnx.ModelProto, settings: CalibrationSettings, *,
     reader = reader_for(model, settings)
     cache, hit = cache_file(model, reader, settings)
     log.info("int8: %s (%s)", "calibration cache hit, skipping calibration" if hit else
-             f"calibrating on {len(reader)} samples", cache)
+             f"calibrating on {reader.source}", cache)
     with tempfile.TemporaryDirectory(prefix="deepjit-int8-") as tmp, _without_preprocess_advice():
         out = Path(tmp) / "int8.onnx"
         quantize_static(model, out, reader, quant_format=QuantFormat.QDQ, per_channel=True,

@@ -24,10 +24,10 @@ from ..bundle.folder import read_bundle
 from ..bundle.view import InputView
 from ..errors import MissingDependency, RuntimeInputError
 from ..files import atomic_write
+from ..images import IMAGE_SUFFIXES, read_image
 from ..jit.contracts import image_channels
 from ..surgery.references import letterbox_numpy
 from .cpu import CpuPipeline
-from .images import IMAGE_SUFFIXES, read_image
 from .layout import Layout
 from .pipeline import Pipeline
 

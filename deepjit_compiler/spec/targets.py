@@ -27,6 +27,9 @@ def compute_capability(sm: int) -> str:
     """'7.5' for 75, '12.0' for 120: how NVIDIA and TensorRT-RTX name a compute capability."""
     return f"{sm // 10}.{sm % 10}"
 
+# Precisions a GPU runs only from some SM on: bf16 tensor cores (and TensorRT's bf16) start with Ampere.
+PRECISION_MIN_SM: dict[str, int] = {"bf16": 80}
+
 
 def _key(name: str) -> str:
     return "".join(ch for ch in name.upper() if ch.isalnum())

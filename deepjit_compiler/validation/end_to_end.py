@@ -24,8 +24,7 @@ def end_to_end_level(bundle: BundleView, models: Mapping[str, onnx.ModelProto], 
     tol = spec.validation.precision_tolerances if lossy else spec.validation.tolerances
     with Pipeline.load(bundle, engine=engine) as pipeline:
         result = compare_runs("end_to_end", onnxrt_runner(reference, "reference"), FunctionRunner(pipeline, "deepjit"),
-                              feeds, tol, detections=bundle.detections, detection_params=tol.detections.model_dump(),
-                              report_dir=report_dir)
+                              feeds, tol, detections=bundle.detections, report_dir=report_dir)
         about = pipeline.describe()
     why = (f"the pipeline on {about['device']} (engine {about['engine']}, CUDA graphs {about['capture']}) against "
            "ONNX Runtime on the original model")

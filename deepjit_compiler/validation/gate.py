@@ -23,9 +23,10 @@ from polygraphy.comparator.compare import SimpleCompareFunc
 from polygraphy.logger import G_LOGGER
 
 from ..files import atomic_write
-from ..jit.contract_models import Detections
+from ..jit.contracts import DetectionOutputs
 from ..spec.models import LEVELS
-from .detections import DETECTION_KEYS, match_detections
+from .data import row_labels
+from .detections import DETECTION_KEYS, evaluate_detections, images_from_batch
 
 log = logging.getLogger("deepjit.gate")
 G_LOGGER.module_severity = G_LOGGER.ERROR  # Polygraphy's per-output chatter goes to our summary instead
@@ -40,12 +41,25 @@ class OutputResult:
     max_rel: float = 0.0
     median_rel: float = 0.0
     detail: str = ""
+    mean_abs: float = 0.0
+    mean_rel: float = 0.0
+    metrics: Mapping[str, Any] = field(default_factory=dict)    # detections: mAP, recall, counts
+    tolerance: Mapping[str, Any] = field(default_factory=dict)  # what this output was judged by
 
     def describe(self) -> str:
         if self.detail:
             return f"{self.name}: {self.detail}"
-        return (f"{self.name}: max abs {self.max_abs:.3e} (median {self.median_abs:.3e}), "
-                f"max rel {self.max_rel:.3e} (median {self.median_rel:.3e})")
+        text = (f"{self.name}: max abs {self.max_abs:.3e} (median {self.median_abs:.3e}, mean {self.mean_abs:.3e}), "
+                f"max rel {self.max_rel:.3e} (median {self.median_rel:.3e}, mean {self.mean_rel:.3e})")
+        t = self.tolerance
+        if "check_error_stat" in t:
+            text += f"; allowed: atol {t['atol']:g} or rtol {t['rtol']:g} on the {t['check_error_stat']} error"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in OutputResult.__slots__ if k != "name"}
+        d.update(metrics=dict(self.metrics), tolerance=dict(self.tolerance))
+        return d
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +72,7 @@ class LevelResult:
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"status": self.status, "reason": self.reason}
         if self.outputs:
-            d["outputs"] = {o.name: {k: getattr(o, k) for k in OutputResult.__slots__ if k != "name"}
-                            for o in self.outputs}
+            d["outputs"] = {o.name: o.to_dict() for o in self.outputs}
         return d
 
 
@@ -121,12 +134,19 @@ class FunctionRunner(BaseRunner):
         return outputs
 
 
-def metadata_from(feed: Mapping[str, np.ndarray]) -> TensorMetadata:
-    """Polygraphy input metadata describing an example feed (Comparator feeds only listed inputs)."""
+def metadata_from(feeds: Sequence[Mapping[str, np.ndarray]]) -> TensorMetadata:
+    """Polygraphy input metadata describing example feeds (Comparator feeds only listed inputs); a
+    dim that differs between them (the batch, when a folder is batched by the buckets) is dynamic."""
     meta = TensorMetadata()
-    for name, value in feed.items():
-        meta.add(name, value.dtype, value.shape)
+    for name, value in feeds[0].items():
+        shapes = {tuple(f[name].shape) for f in feeds}
+        meta.add(name, value.dtype, [d if len({s[i] for s in shapes}) == 1 else -1 for i, d in enumerate(value.shape)])
     return meta
+
+
+def tolerance_for(tolerances, name: str):
+    """The Tolerance in force for output `name`: its own entry, else the level's default."""
+    return tolerances.outputs.get(name, tolerances.default)
 
 
 def _tolerance_maps(tolerances, names: Iterable[str]):
@@ -140,18 +160,18 @@ def _tolerance_maps(tolerances, names: Iterable[str]):
 
 def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds: list[dict[str, np.ndarray]],
                  tolerances, *, report_dir: Path | None = None, report_name: str | None = None,
-                 detections: Sequence[Detections] = (), detection_params: Mapping[str, float] | None = None
-                 ) -> LevelResult:
+                 detections: Sequence[DetectionOutputs] = ()) -> LevelResult:
     """Run both runners on `feeds` with Polygraphy's Comparator and judge every output.
 
     The outputs of each `detections` group (as the kernels' contracts declare them: count, boxes,
-    scores, classes) are matched as sets; the rest go through `SimpleCompareFunc` with the spec's
+    scores, classes, and the threshold they were cut at) are scored as detection sets against
+    `tolerances.detections`; the rest go through `SimpleCompareFunc` with the spec's
     atol/rtol/check_error_stat (default + per output). With `report_dir`, Polygraphy's RunResults are
     saved there as `<report_name or level>.runresults.json`.
     """
     for runner in (reference, candidate):
         if isinstance(runner, FunctionRunner) and runner._meta is None:
-            runner._meta = metadata_from(feeds[0])
+            runner._meta = metadata_from(feeds)
     run_results = Comparator.run([reference, candidate], data_loader=feeds, use_subprocess=False)
     if report_dir is not None:
         atomic_write(report_dir / f"{report_name or level}.runresults.json", run_results.to_json().encode())
@@ -164,9 +184,10 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
     dense = [n for n in names if n not in as_sets]
     if dense:
         outputs += _compare_dense(run_results, reference.name, candidate.name, dense, tolerances)
+    labels = row_labels(feeds)
     for g in groups:
         label = "detections" if len(groups) == 1 else f"detections ({g.count})"
-        outputs.append(_compare_detections(label, g, ref_iters, test_iters, detection_params or {}))
+        outputs.append(_compare_detections(label, g, ref_iters, test_iters, tolerances.detections, labels))
     return from_outputs(level, outputs)
 
 
@@ -187,17 +208,23 @@ def _compare_dense(run_results: RunResults, ref_name: str, test_name: str, names
         stats = [it[name] for it in per_iter]
         out.append(OutputResult(name, all(bool(s) for s in stats),
                                 max(float(s.max_absdiff) for s in stats), float(np.median([s.median_absdiff for s in stats])),
-                                max(float(s.max_reldiff) for s in stats), float(np.median([s.median_reldiff for s in stats]))))
+                                max(float(s.max_reldiff) for s in stats), float(np.median([s.median_reldiff for s in stats])),
+                                mean_abs=float(np.mean([s.mean_absdiff for s in stats])),
+                                mean_rel=float(np.mean([s.mean_reldiff for s in stats])),
+                                tolerance=tolerance_for(tolerances, name).model_dump()))
     return out
 
 
-def _compare_detections(label: str, group: Detections, ref_iters, test_iters, params: Mapping[str, float]
-                        ) -> OutputResult:
-    def sets(it):
-        return dict(zip(DETECTION_KEYS, (it[n] for n in group.names)))
+def _compare_detections(label: str, group: DetectionOutputs, ref_iters, test_iters, tolerance,
+                        labels: Sequence[Sequence[str]]) -> OutputResult:
+    """Every image of every feed, the reference's detections as ground truth (detections.py)."""
+    def images(iters):
+        return [img for k, it in enumerate(iters)
+                for img in images_from_batch(dict(zip(DETECTION_KEYS, (it[n] for n in group.names))), labels[k])]
 
-    matches = [match_detections(sets(r), sets(t), **params) for r, t in zip(ref_iters, test_iters)]
-    passed = all(m.passed for m in matches)
-    worst = min(matches, key=lambda m: (m.passed, m.matched - m.ref_count))
-    return OutputResult(label, passed, max_abs=max(m.max_score_diff for m in matches),
-                        detail=f"{'passed' if passed else 'failed'}: {worst.describe()}")
+    metrics = evaluate_detections(images(ref_iters), images(test_iters), threshold=group.threshold,
+                                  margin=tolerance.margin)
+    short = metrics.shortfalls(tolerance)
+    verdict = "passed" if not short else "failed on " + ", ".join(short)
+    return OutputResult(label, not short, max_abs=metrics.max_score_diff, detail=f"{verdict} | {metrics.describe()}",
+                        metrics=metrics.to_dict(), tolerance={**tolerance.model_dump(), "threshold": group.threshold})

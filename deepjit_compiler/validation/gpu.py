@@ -11,7 +11,7 @@ from ..engines import local_device_sm
 from ..errors import BundleError, MissingDependency
 from ..graph.steps import StepRunner
 from ..runtime.gpu import Gpu
-from .data import feeds_for
+from .data import Feeds, feeds_for, row_labels
 from .end_to_end import end_to_end_level
 from .engine import bundle_plans_level
 from .gate import GateReport, LevelResult, not_run
@@ -27,7 +27,7 @@ def run_gpu_levels(bundle: Path | BundleView, spec=None, report_dir: Path | None
     models = {s.name: view.onnx(s.file) for s in view.steps}
     cpu = StepRunner((s.name, models[s.name]) for s in view.steps)  # one ONNX Runtime session per step
     feeds = feeds_for(spec, view.inputs)
-    envs = [cpu.tensors(f) for f in feeds]
+    envs = Feeds([cpu.tensors(f) for f in feeds], row_labels(feeds))
     gpu = Gpu()
     levels = [kernels_level(gpu, view, models, envs, spec, report_dir),
               end_to_end_level(view, models, feeds, spec, report_dir, engine=engine)]

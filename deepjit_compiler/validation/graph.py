@@ -2,7 +2,8 @@
 
 ONNX Runtime over the plan's steps wired in order (segments, cut references, added-stage references)
 must equal ONNX Runtime over the original model with the same added-stage references around it:
-bit for bit, on seeded random inputs. Both sides run with graph optimizations disabled, so that no
+bit for bit, on the validation data (every level's: the spec's shapes, its folder of images or
+arrays, or seeded random inputs). Both sides run with graph optimizations disabled, so that no
 fusion reorders float math on one side only. The original side also exports every step boundary
 tensor, so a failure names the first step whose outputs differ.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,6 @@ from ..graph.ort import random_array
 from ..graph.steps import StepRunner, WiringError
 from ..graph.tensors import TensorSig
 from ..surgery.plan import AddedStage, Plan
-from .data import symbolic_dims
 from .executor import plan_runner
 from .gate import LevelResult, OutputResult, from_outputs
 
@@ -49,8 +49,8 @@ class OutputCheck:
 @dataclass(frozen=True, slots=True)
 class ReassemblyReport:
     outputs: tuple[OutputCheck, ...]
-    seed: int
-    samples: int
+    batches: int
+    rows: int  # over all batches
     first_mismatch: str | None = None  # "step 'decode' output 'x'" where the pieces first disagree
     error: str | None = None           # the plan could not be run at all (a wiring error)
     seconds: float = 0.0
@@ -60,13 +60,14 @@ class ReassemblyReport:
         return self.error is None and all(o.passed for o in self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "seed": self.seed, "samples": self.samples,
+        return {"passed": self.passed, "batches": self.batches, "rows": self.rows,
                 "first_mismatch": self.first_mismatch, "error": self.error, "seconds": round(self.seconds, 3),
                 "outputs": [o.to_dict() for o in self.outputs]}
 
     def describe(self) -> str:
         if self.passed:
-            return f"reassembly check passed: {len(self.outputs)} outputs bit-identical over {self.samples} samples"
+            return (f"reassembly check passed: {len(self.outputs)} outputs bit-identical over {self.batches} batches "
+                    f"({self.rows} rows) of the validation data")
         if self.error:
             return f"reassembly check failed: {self.error}"
         bad = [f"'{o.name}' (max abs diff {o.max_abs_diff:g})" for o in self.outputs if not o.passed]
@@ -113,22 +114,24 @@ def _same(a: np.ndarray, b: np.ndarray) -> tuple[bool, float]:
     return identical, float(np.max(np.abs(a.astype(np.int64) - b.astype(np.int64)))) if a.size else 0.0
 
 
-def check_reassembly(plan: Plan, original: onnx.ModelProto, *, seed: int, samples: int,
-                     input_ranges: Mapping[str, tuple[float, float]] | None = None, batch: int = 1,
-                     dims: Mapping[str, int] | None = None) -> ReassemblyReport:
-    """Run the plan's pieces and the original model (both wrapped in the added stages) on `samples`
-    seeded random inputs and compare every pipeline output bit for bit."""
+def check_reassembly(plan: Plan, original: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
+                     *, seed: int = 0, samples: int = 1, input_ranges: Mapping[str, tuple[float, float]] | None = None,
+                     batch: int = 1, dims: Mapping[str, int] | None = None) -> ReassemblyReport:
+    """Run the plan's pieces and the original model (both wrapped in the added stages) on `feeds` (the
+    validation data) and compare every pipeline output bit for bit. Without feeds, on `samples` seeded
+    random inputs whose symbolic dims not in `dims` take random sizes (the surgery tests' shapes)."""
     t0 = time.perf_counter()
+    if feeds is None:
+        rng = np.random.default_rng(seed)
+        feeds = [_feed(plan.inputs, rng, batch, input_ranges or {}, dims or {}) for _ in range(samples)]
     boundary = [t.name for s in plan.steps if not isinstance(s, AddedStage) for t in s.outputs]
     reference = StepRunner([*((s.name, s.reference) for s in plan.added if s.position == "before"),
                             ("original model", _with_outputs(original, boundary)),
                             *((s.name, s.reference) for s in plan.added if s.position == "after")])
     pieces = plan_runner(plan)
-    rng = np.random.default_rng(seed)
     worst: dict[str, tuple[bool, float, np.ndarray]] = {}
     first = None
-    for _ in range(samples):
-        feed = _feed(plan.inputs, rng, batch, input_ranges or {}, dims or {})
+    for feed in feeds:
         ref = reference.tensors(feed)
 
         def compare(step: str, outputs) -> None:
@@ -141,13 +144,13 @@ def check_reassembly(plan: Plan, original: onnx.ModelProto, *, seed: int, sample
             if missing:
                 raise WiringError(f"pipeline output '{missing[0]}' is produced by no step")
         except WiringError as e:
-            return ReassemblyReport((), seed, samples, first, str(e), time.perf_counter() - t0)
+            return ReassemblyReport((), len(feeds), _rows(feeds), first, str(e), time.perf_counter() - t0)
         for t in plan.outputs:
             same, diff = _same(got[t.name], ref[t.name])
             prev = worst.get(t.name)
             worst[t.name] = (same and (prev is None or prev[0]), max(diff, prev[1] if prev else 0.0), got[t.name])
     checks = tuple(OutputCheck(n, str(a.dtype), tuple(a.shape), d, s) for n, (s, d, a) in worst.items())
-    report = ReassemblyReport(checks, seed, samples, first, None, time.perf_counter() - t0)
+    report = ReassemblyReport(checks, len(feeds), _rows(feeds), first, None, time.perf_counter() - t0)
     (log.info if report.passed else log.warning)("%s (%.2f s)", report.describe(), report.seconds)
     return report
 
@@ -159,15 +162,17 @@ def _first_mismatch(step: str, outputs, ref: dict) -> str | None:
     return None
 
 
-def graph_level(spec, plan, model: onnx.ModelProto) -> LevelResult:
-    """Reassembly: segments + references wired in order equal the original, bit for bit (fp32)."""
-    v = spec.validation
-    rep = check_reassembly(plan, model, seed=v.seed, samples=v.samples,
-                           input_ranges=v.data.random.ranges if v.data.random else None,
-                           batch=v.batch, dims=symbolic_dims(spec))
+def _rows(feeds) -> int:
+    return sum(len(next(iter(f.values()), ())) for f in feeds)
+
+
+def graph_level(plan, model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]) -> LevelResult:
+    """Reassembly on the validation data: segments + references wired in order equal the original,
+    bit for bit (fp32)."""
+    rep = check_reassembly(plan, model, feeds)
     if rep.error:
         return LevelResult("graph", "failed", rep.error)
-    outputs = [OutputResult(o.name, o.passed, max_abs=o.max_abs_diff,
+    outputs = [OutputResult(o.name, o.passed, max_abs=o.max_abs_diff, tolerance={"bit_identical": True},
                             detail="bit-identical" if o.passed else f"differs by up to {o.max_abs_diff:g}")
                for o in rep.outputs]
     return from_outputs("graph", outputs, rep.describe())

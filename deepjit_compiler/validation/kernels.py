@@ -11,6 +11,7 @@ a kernel by name: a user's contract is checked the same way as a built-in one.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,10 +20,11 @@ import onnx
 
 from ..bundle.view import BundleView, KernelView, StepView
 from ..graph.steps import StepRunner
-from ..jit.contracts import load_contract, signature
+from ..jit.contracts import detection_outputs, load_contract, signature
 from ..jit.nvrtc import compile_site_kernel
 from ..runtime.launch import KernelChain
 from ..runtime.layout import site_aliases
+from .data import Feeds, row_labels
 from .gate import FunctionRunner, LevelResult, OutputResult, compare_runs, from_outputs
 
 
@@ -78,7 +80,8 @@ class _Check:
     def chain(self, run: list[StepView]) -> list[OutputResult]:
         """The run's kernels one after the other, against its steps' references one after the other."""
         kernels = [(self.bundle.compiled(k), self._aliases(s, k)) for s in run for k in s.kernels]
-        detections = tuple(d for s in run for k in s.kernels if (d := self.bundle.contract(k).model.roles.detections))
+        detections = tuple(d for s in run for k in s.kernels
+                           if (d := detection_outputs(self.bundle.contract(k), k.params)))
         return self._compare("+".join(s.name for s in run), kernels, run, detections,
                              "+".join(k.contract for s in run for k in s.kernels))
 
@@ -99,7 +102,8 @@ class _Check:
             return [OutputResult(f"{label}/inputs", False, detail=f"{name} reads '{absent[0]}', which no step of "
                                  "the bundle makes on the CPU")]
         reference = StepRunner((s.name, self.models[s.name]) for s in steps)
-        feeds = [{n: env[n] for n in dict.fromkeys([*reads, *ref_inputs])} for env in self.envs]
+        feeds = Feeds([{n: env[n] for n in dict.fromkeys([*reads, *ref_inputs])} for env in self.envs],
+                      row_labels(self.envs))
 
         def expected(feed):
             env = reference.tensors(feed)
@@ -112,10 +116,9 @@ class _Check:
             return chain.results(compared)
 
         result = compare_runs("kernels", FunctionRunner(expected, "reference"), FunctionRunner(run, name), feeds,
-                              self.tol, detections=detections, detection_params=self.tol.detections.model_dump(),
-                              report_dir=self.report_dir, report_name=f"kernels.{label}")
-        return [OutputResult(f"{label}/{o.name}", o.passed, o.max_abs, o.median_abs, o.max_rel, o.median_rel,
-                             o.detail) for o in result.outputs]
+                              self.tol, detections=detections, report_dir=self.report_dir,
+                              report_name=f"kernels.{label}")
+        return [dataclasses.replace(o, name=f"{label}/{o.name}") for o in result.outputs]
 
     @staticmethod
     def _external_inputs(steps: list[StepView]) -> list[str]:

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import onnx
 
-from ..jit.contract_models import Detections
-from ..precision.calibration import CalibrationSettings
+from ..jit.contracts import DetectionOutputs
+from ..precision.calibration import CalibrationSettings, reader_for
 from ..precision.emulate import emulate_in_fp32
 from ..precision.rewrite import DEFAULT_KEEP_FP32, apply_precision, check_keep_fp32
+from ..spec.models import CALIBRATED
 from .executor import pipeline_runner, reference_runner
 from .gate import LevelResult, compare_runs
 
 
 def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path | None = None,
-                    detections: Sequence[Detections] = ()) -> tuple[dict[str, onnx.ModelProto], LevelResult]:
+                    detections: Sequence[DetectionOutputs] = ()) -> tuple[dict[str, onnx.ModelProto], LevelResult]:
     """Rewrite the engine segments to the spec's precision and measure the cost against fp32;
     `detections`: the outputs the plan's kernels declare as detections, compared as sets."""
     e = spec.engine
@@ -33,6 +34,10 @@ def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path 
     twins = {name: emulate_in_fp32(m) for name, m in segments.items()}
     level = compare_runs("precision", reference_runner(plan, model, "fp32"),
                          pipeline_runner(plan, twins, e.precision), feeds, spec.validation.precision_tolerances,
-                         report_dir=report_dir, detections=detections,
-                         detection_params=spec.validation.precision_tolerances.detections.model_dump())
-    return segments, LevelResult(level.level, level.status, f"{e.precision} segments vs the fp32 model", level.outputs)
+                         report_dir=report_dir, detections=detections)
+    calibrated = ""
+    if e.precision in CALIBRATED:
+        sources = sorted({reader_for(s.model, calibration).source for s in plan.segments})
+        calibrated = f" (calibrated on {', '.join(sources)})"
+    return segments, LevelResult(level.level, level.status, f"{e.precision} segments{calibrated} vs the fp32 model",
+                                 level.outputs)

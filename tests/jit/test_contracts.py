@@ -62,13 +62,28 @@ def test_facts_are_normalized_from_the_preset_format():
 
 def test_params_come_from_spec_then_facts_then_defaults():
     c = load_contract("yolov8_decode")
-    p = resolve_params(c, {"conf_threshold": 0.4, "reg_max": 8}, FACTS)
+    p = resolve_params(c, {"conf_threshold": 0.4, "reg_max": 16, "max_candidates": 1000}, FACTS)
     assert p["conf_threshold"] == 0.4          # spec
-    assert p["reg_max"] == 8                   # spec beats the fact
+    assert p["reg_max"] == 16                  # spec, agreeing with the fact
+    assert p["max_candidates"] == 1000         # spec beats the fact 'anchors': the contract says overridable
     assert p["num_classes"] == 80              # fact
-    assert p["max_candidates"] == 8400         # fact 'anchors'
     assert p["mode"] == "candidates"           # default
-    assert p["num_levels"] == 3 and p["static_levels"] is True and p["channels"] == 4 * 8 + 80
+    assert p["num_levels"] == 3 and p["static_levels"] is True and p["channels"] == 4 * 16 + 80
+    assert resolve_params(c, {}, FACTS)["max_candidates"] == 8400  # fact 'anchors'
+
+
+def test_a_given_param_that_contradicts_the_kernel_site_is_an_error():
+    c = load_contract("yolov8_decode")
+    with pytest.raises(KernelError, match=r"param 'num_classes' is given as 18, but the kernel site has 80 "
+                                          r"\(its 'num_classes', found in the model\).*set it to 80"):
+        resolve_params(c, {"num_classes": 18}, FACTS)
+    with pytest.raises(KernelError, match=r"param 'reg_max' is given as 8, but the kernel site has 16"):
+        resolve_params(c, {"reg_max": 8}, FACTS)
+    # a symbolic fact (a dynamic model's levels) is no concrete value to contradict: the spec's stands
+    dynamic = {**FACTS, "levels": [{"height": "h8", "width": "w8"}, {"height": "h16", "width": "w16"},
+                                   {"height": "h32", "width": "w32"}]}
+    given = [[80, 80], [40, 40], [20, 20]]
+    assert resolve_params(c, {"levels": given}, dynamic)["levels"] == given
 
 
 def test_missing_param_is_named_with_where_it_would_come_from():

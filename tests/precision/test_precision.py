@@ -9,12 +9,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest_models import chain_model
 from onnx import TensorProto, helper, numpy_helper
 
 from deepjit_compiler.errors import SpecError
 from deepjit_compiler.precision.calibration import CalibrationSettings, reader_for
 from deepjit_compiler.precision.emulate import emulate_in_fp32, measure_cost
 from deepjit_compiler.precision.rewrite import DEFAULT_KEEP_FP32, KEEP_FP32_REASONS, apply_precision, check_keep_fp32
+from deepjit_compiler.validation.data import folder_feeds
 
 FLOAT, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 # the module, not the `quantize` function the package re-exports under the same name
@@ -289,6 +291,35 @@ def test_folder_reader_reads_samples_in_name_order_with_a_content_digest(tmp_pat
     assert reader_for(conv_softmax_model(), settings).digest == reader_for(conv_softmax_model(), settings).digest
 
 
+def test_folder_reader_takes_images_letterboxed_like_the_validation_data(tmp_path):
+    image = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    rng = np.random.default_rng(8)
+    for k, (h, w) in enumerate([(12, 20), (30, 10), (16, 16)]):
+        image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / f"p{k}.png")
+    settings = CalibrationSettings(data=tmp_path, cache=tmp_path / "c", samples=2)
+    reader = reader_for(conv_softmax_model(), settings)
+    assert len(reader) == 2 and reader.source == f"2 of 3 images in {tmp_path.name}"
+    want = folder_feeds(tmp_path, {"x": ("float32", (1, 3, 16, 16))})  # the validation data, same letterbox
+    for k in range(2):
+        np.testing.assert_array_equal(reader.get_next()["x"], want[k]["x"])
+    q = apply_precision(conv_softmax_model(), "int8", calibration=settings)  # and int8 calibrates on them
+    assert any(n.op_type == "QuantizeLinear" for n in q.graph.node)
+    with pytest.raises(SpecError, match=r"holds images, but the segment's input 'x' \[N, 4, 8, 8\] takes none"):
+        reader_for(chain_model(), settings)
+
+
+def test_folder_reader_reads_npy_samples(tmp_path):
+    """A folder of .npy files for a one-input segment (np.load gives an array, not an archive)."""
+    a = np.random.default_rng(9).uniform(-1, 1, size=(1, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    settings = CalibrationSettings(data=tmp_path, cache=tmp_path / "c")
+    reader = reader_for(conv_softmax_model(), settings)
+    assert reader.source == f"1 of 1 .npy files in {tmp_path.name}"
+    np.testing.assert_array_equal(reader.get_next()["x"], a)
+    assert any(n.op_type == "QuantizeLinear" for n in apply_precision(conv_softmax_model(), "int8",
+                                                                        calibration=settings).graph.node)
+
+
 def test_folder_reader_errors_name_the_file(tmp_path):
     np.savez(tmp_path / "bad.npz", x=np.zeros((1, 3, 8, 8), np.float32) + 0.5)
     reader = reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path, cache=tmp_path / "c"))
@@ -296,7 +327,7 @@ def test_folder_reader_errors_name_the_file(tmp_path):
         reader.get_next()
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(SpecError, match="no .npz or .npy files in .*empty"):
+    with pytest.raises(SpecError, match=r"no images \(.jpg.*\), .npz or .npy files in .*empty"):
         reader_for(conv_softmax_model(), CalibrationSettings(data=empty, cache=tmp_path / "c"))
     with pytest.raises(SpecError, match="does not exist"):
         reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path / "missing", cache=tmp_path / "c"))

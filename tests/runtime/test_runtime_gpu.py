@@ -5,10 +5,12 @@
 - graph replay gives exactly the plain launches' outputs, for every bucket;
 - a T4 (sm_75) bundle runs here through its PTX, with the same detections;
 - the steady state allocates nothing (the runtime's allocator counts; the driver's free memory agrees);
-- `deepjit run` / `bench`'s implementations work on the GPU.
+- `deepjit run` / `bench`'s implementations work on the GPU (and say the engine runs on CUDA).
 
-Bundles come from $DEEPJIT_RUNTIME_BUNDLES (bench/pipeline.py builds them with `deepjit build`, GPU
-levels included) or are built here (GPU levels left to the validation tests).
+Bundles come from $DEEPJIT_RUNTIME_BUNDLES (a folder with out/<variant> bundles of `write_specs`'s
+specs, built with `deepjit build`) or are built here (GPU levels left to the validation tests). With
+onnxruntime-gpu the engine runs on its CUDA provider: its segment outputs are checked against the CPU
+provider's, and the fp16 engine's detections by the lossy metrics.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import pytest
 
 from deepjit_compiler.errors import BundleError, RuntimeInputError
 from deepjit_compiler.runtime import gpu as gpu_mod
-from deepjit_compiler.validation.detections import match_detections
+from deepjit_compiler.validation.detections import evaluate_detections, images_from_batch
 
 pytestmark = pytest.mark.gpu
 
@@ -108,10 +110,12 @@ def reference(bundle: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray
     return {t["name"]: env[t["name"]] for t in manifest["plan"]["outputs"]}
 
 
-def assert_same_detections(ref, got, **tol):
-    match = match_detections(ref, got, **{"min_iou": 0.99, "score_atol": 1e-4, **tol})
-    assert match.passed, match.describe()
-    return match
+def assert_same_detections(ref, got, *, min_iou=0.99, score_atol=1e-4):
+    """Every reference detection found and nothing else, boxes within min_iou, scores within score_atol."""
+    m = evaluate_detections(images_from_batch(ref), images_from_batch(got), threshold=None)
+    assert (m.total.missed, m.total.extra) == (0, 0) and m.min_iou >= min_iou and m.max_score_diff <= score_atol, \
+        m.describe()
+    return m
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -129,10 +133,14 @@ def test_pipeline_equals_onnxruntime_on_the_bundles_pieces(bundles, batch):
     # The fp16 segment on the CPU provider is the reference's own engine: the same detections. On the
     # CUDA provider it multiplies in fp16 (the CPU provider in fp32): on the H200 only 2 of 800
     # detections met IoU 0.99 and scores within 1e-4, and the end_to_end level saw 18 of 537 move
-    # against the fp32 model (min IoU 0.91, scores 2.7e-2): the precision gate's kind of allowance.
-    tol = {"min_iou": 0.9, "score_atol": 3e-2, "unmatched_fraction": 0.05} if engine.startswith("cuda") else {}
-    match = assert_same_detections(want, got, **tol)
-    assert match.ref_count > 0, "no detections: the comparison would prove nothing"
+    # against the fp32 model (min IoU 0.91, scores 2.7e-2): there, the precision gate's lossy defaults.
+    if engine.startswith("cuda"):
+        m = evaluate_detections(images_from_batch(want), images_from_batch(got), threshold=None)
+        assert m.map50_95 >= 0.9 and m.recall >= 0.9 and m.precision >= 0.9, m.describe()
+        assert m.total.reference > 0, "no detections: the comparison would prove nothing"
+        return
+    match = assert_same_detections(want, got)
+    assert match.total.reference > 0, "no detections: the comparison would prove nothing"
 
 
 def test_graph_replay_equals_plain_launches_for_every_bucket(bundles):

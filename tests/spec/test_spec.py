@@ -5,6 +5,7 @@ from conftest import PIPELINES
 
 from deepjit_compiler.errors import SpecError
 from deepjit_compiler.spec.load import json_schema, load_spec
+from deepjit_compiler.spec.models import EXACT_TOLERANCES, LOSSY_TOLERANCES
 from deepjit_compiler.spec.targets import sm_for_gpu
 
 
@@ -104,6 +105,34 @@ def test_sm_below_75_refused(write_spec):
 def test_int8_without_calibration_is_refused(write_spec):
     msg = _error(write_spec, {"precision: fp16": "precision: int8"})
     assert "int8 needs `calibration`" in msg
+
+
+def test_bf16_for_a_target_without_it_is_refused(write_spec):
+    msg = _error(write_spec, {"precision: fp16": "precision: bf16"})  # the T4 is sm_75
+    assert "engine.precision: bf16 needs sm_80 or newer, but the target T4 is sm_75" in msg
+    assert load_spec(write_spec({"precision: fp16": "precision: bf16", "  gpu: T4 ": "  gpu: A10 "},
+                                name="a10.yaml")).spec.engine.precision == "bf16"
+
+
+def test_tolerances_given_keep_the_defaults_of_the_fields_they_leave_out(write_spec):
+    """Setting one field of a level's tolerances changes that field only: the others keep that level's
+    defaults (a spec's `precision_tolerances.default` leaves the lossy detection settings alone)."""
+    given = ("  gate: true", "  precision_tolerances:\n    default: {atol: 0.1}\n"
+             "    detections: {margin: 0.01}\n    outputs:\n      output0: {rtol: 0.2}\n  gate: true")
+    v = load_spec(write_spec(dict([given]))).spec.validation
+    lossy, exact = LOSSY_TOLERANCES, EXACT_TOLERANCES
+    assert v.precision_tolerances.default == lossy.default.model_copy(update={"atol": 0.1})
+    assert v.precision_tolerances.detections == lossy.detections.model_copy(update={"margin": 0.01})
+    # an output's entry starts from the level's default, as given
+    assert v.precision_tolerances.outputs["output0"] == lossy.default.model_copy(update={"atol": 0.1, "rtol": 0.2})
+    # the T4 spec's own `tolerances` (default atol/rtol 1e-3; output0 atol 2e-2, rtol 1e-2) keep the rest
+    assert v.tolerances.default.check_error_stat == exact.default.check_error_stat == "elemwise"
+    assert v.tolerances.outputs["output0"].model_dump() == {"atol": 2e-2, "rtol": 1e-2, "check_error_stat": "elemwise"}
+    assert v.tolerances.detections == exact.detections
+    # what the spec leaves out entirely is the level's default
+    assert load_spec(write_spec(name="bare.yaml")).spec.validation.precision_tolerances == lossy
+    msg = _error(write_spec, {"  gate: true": "  precision_tolerances:\n    detections: {min_mapp: 0.5}\n  gate: true"})
+    assert "precision_tolerances.detections.min_mapp: unknown key" in msg and "did you mean 'min_map'" in msg
 
 
 def test_cut_needs_one_boundary(write_spec):

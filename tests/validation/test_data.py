@@ -2,7 +2,14 @@ import numpy as np
 import pytest
 
 from deepjit_compiler.errors import SpecError
-from deepjit_compiler.validation.data import concrete_shape, folder_feeds, random_feeds
+from deepjit_compiler.validation.data import (
+    batch_sizes,
+    concrete_shape,
+    feeds_for,
+    folder_feeds,
+    random_feeds,
+    row_labels,
+)
 
 
 def test_random_feeds_are_seeded_and_in_range():
@@ -65,3 +72,53 @@ def test_folder_of_images_is_read_as_bgr_and_letterboxed(tmp_path):
     assert np.array_equal(raw["raw_images"][0], rgb[:, :, ::-1])
     with pytest.raises(SpecError, match="takes no images"):
         folder_feeds(tmp_path, {"x": ("float32", (1, 10))})
+
+
+def test_batch_sizes_cycle_through_the_buckets_and_cover_every_row():
+    assert batch_sizes(17, [1, 2, 4]) == [1, 2, 4, 1, 2, 4, 1, 2]
+    assert batch_sizes(5, [4, 2, 1]) == [1, 2, 2]      # the rest takes the largest bucket that fits
+    assert batch_sizes(3, [4]) == [4]                   # smaller than every bucket: one batch, filled up
+    assert batch_sizes(8, [8]) == [8] and batch_sizes(0, [1, 2]) == []
+
+
+def test_every_image_of_a_folder_is_used_batched_by_the_buckets_and_labelled(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(9)
+    for k in range(6):
+        Image.fromarray(rng.integers(0, 256, size=(20 + k, 30, 3), dtype=np.uint8)).save(tmp_path / f"im{k}.png")
+    feeds = folder_feeds(tmp_path, {"images": ("float32", (2, 3, 32, 32))}, buckets=(1, 4))
+    assert [f["images"].shape[0] for f in feeds] == [1, 4, 1]  # 6 images: 1 + 4 + 1, whatever the batch asked
+    assert row_labels(feeds) == [["im0.png"], ["im1.png", "im2.png", "im3.png", "im4.png"], ["im5.png"]]
+    alone = folder_feeds(tmp_path, {"images": ("float32", (1, 3, 32, 32))})  # every image, one per batch
+    np.testing.assert_array_equal(np.concatenate([f["images"] for f in alone]),
+                                  np.concatenate([f["images"] for f in feeds]))
+    # raw images (a letterbox stage on the GPU) differ in size: one per batch, repeated to the smallest bucket
+    raw = folder_feeds(tmp_path, {"raw_images": ("uint8", (1, 20, 30, 3))}, buckets=(2, 4))
+    assert [f["raw_images"].shape for f in raw][:2] == [(2, 20, 30, 3), (2, 21, 30, 3)]
+    assert row_labels(raw)[1] == ["im1.png", "im1.png"]
+
+
+def test_random_feeds_and_plain_lists_are_labelled_by_sample_and_row():
+    feeds = random_feeds({"x": ("float32", (2, 4))}, seed=0, samples=2)
+    assert row_labels(feeds) == [["sample 0 row 0", "sample 0 row 1"], ["sample 1 row 0", "sample 1 row 1"]]
+    assert row_labels([{"x": np.zeros((3, 1))}]) == [["batch 0 row 0", "batch 0 row 1", "batch 0 row 2"]]
+
+
+def test_feeds_for_batch_a_folder_by_the_spec_inputs_buckets(write_spec, tmp_path):
+    from PIL import Image
+
+    from deepjit_compiler.graph.tensors import TensorSig
+    from deepjit_compiler.spec.load import load_spec
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(2)
+    for k in range(9):
+        Image.fromarray(rng.integers(0, 256, size=(48, 64, 3), dtype=np.uint8)).save(photos / f"p{k}.png")
+    spec = load_spec(write_spec({"    random:\n      ranges: {images: [0.0, 1.0]}": "    folder: photos"})).spec
+    feeds = feeds_for(spec, [TensorSig("images", "float32", ("batch", 3, 640, 640))])
+    # the T4 spec's buckets 1, 2, 4, 8: after 1 + 2 + 4, the 2 images left take bucket 2
+    assert [f["images"].shape[0] for f in feeds] == [1, 2, 4, 2]
+    assert all(f["images"].shape[1:] == (3, 640, 640) for f in feeds)
+    assert sum(len(rows) for rows in row_labels(feeds)) == 9

@@ -43,7 +43,7 @@ def test_precision_level_measures_the_rewrite_and_compares_detections_as_sets(de
     plan = plan_from_model(model, spec.cuts)
     feeds = feeds_for(spec, plan.inputs)
     assert [f["images"].shape for f in feeds] == [(2, 3, 32, 32)] * 2
-    detections = declared_detections(["nms"])
+    detections = declared_detections([("nms", {})])
     segments, level = precision_stage(spec, plan, model, feeds, None, detections)
     assert set(segments) == {"segment"} and level.status == "passed"
     assert "fp16 segments vs the fp32 model" == level.reason

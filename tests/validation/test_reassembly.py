@@ -43,7 +43,7 @@ def test_correct_plan_is_bit_identical_over_several_samples():
     assert [(o.name, o.bit_identical, o.max_abs_diff, o.shape) for o in report.outputs] == [("y", True, 0.0, (3, 8, 8, 8))]
     assert report.first_mismatch is None and report.error is None
     data = json.loads(json.dumps(report.to_dict()))
-    assert data["passed"] is True and data["samples"] == 3 and data["outputs"][0]["bit_identical"] is True
+    assert data["passed"] is True and data["batches"] == 3 and data["rows"] == 9 and data["outputs"][0]["bit_identical"] is True
 
 
 def test_misswired_segment_fails_and_names_the_step():
