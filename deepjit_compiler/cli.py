@@ -23,6 +23,7 @@ from .model.synth import write_synthetic
 from .report import format_store, inspect_target, print_build
 from .runtime.run import DEVICES, bench_bundle, format_bench, format_run, run_bundle
 from .runtime.segments import ENGINE_CHOICES
+from .serve.triton import KINDS, TritonOptions, export_triton
 from .spec.load import json_schema
 from .validation.gpu import validate_bundle
 
@@ -217,6 +218,46 @@ def validate(bundle: Path, engine: str, as_json: bool) -> None:
             click.echo(f"{name:11} {level['status']:8} {level.get('reason', '')}")
     if any(level.status == "failed" for level in levels):
         sys.exit(1)
+
+
+@cli.group()
+def export() -> None:
+    """Export a bundle for a serving system."""
+
+
+@export.command("triton")
+@click.argument("bundle", type=EXISTING)
+@click.argument("repo", type=click.Path(path_type=Path))
+@click.option("--name", help="Model name (default: the bundle's name); REPO/NAME is written.")
+@click.option("--version", "model_version", type=int, default=1, show_default=True, help="Model version folder.")
+@click.option("--max-batch", type=int, help="max_batch_size (default: the profile's max batch).")
+@click.option("--kind", type=click.Choice(KINDS), default="gpu", show_default=True,
+              help="gpu: KIND_GPU instances run the bundle on their GPU; cpu: KIND_CPU instances on ONNX Runtime's "
+                   "CPU provider (as run --device cpu).")
+@click.option("--instances", type=int, default=1, show_default=True,
+              help="Instances on each GPU (--kind gpu) or in all (--kind cpu).")
+@click.option("--gpus", help="Comma-separated GPUs for the instances (default: every GPU the server sees).")
+@click.option("--env", help="EXECUTION_ENV_PATH: absolute path of the serving Python environment (DeepJIT, numpy<2).")
+@click.option("--no-dynamic-batching", is_flag=True, help="Leave Triton's dynamic batcher off.")
+@click.option("--max-queue-delay-us", type=int, default=100, show_default=True,
+              help="How long the dynamic batcher may hold a request to make a larger batch.")
+@click.option("--json", "as_json", is_flag=True)
+def export_triton_cmd(bundle: Path, repo: Path, name, model_version, max_batch, kind, instances, gpus, env,
+                      no_dynamic_batching, max_queue_delay_us, as_json) -> None:
+    """Write BUNDLE as a Triton Inference Server model in the model repository REPO (REPO/NAME/: config.pbtxt,
+    VERSION/model.py and the bundle), for Triton's Python backend."""
+    try:
+        devices = tuple(int(g) for g in gpus.split(",")) if gpus else None
+    except ValueError:
+        raise click.BadParameter(f"{gpus!r}: give GPU numbers like 0,1", param_hint="--gpus") from None
+    result = export_triton(bundle, repo, TritonOptions(name, model_version, max_batch, kind, instances, devices, env,
+                                                       not no_dynamic_batching, max_queue_delay_us))
+    if as_json:
+        _emit_json({"model_dir": str(result.model_dir), "name": result.name, "version": result.version,
+                    "bundle_digest": result.bundle_digest, "boxes_in": "image" if result.maps_boxes else "input"})
+    else:
+        click.echo(f"wrote {result.model_dir} (model {result.name}, version {result.version}, bundle "
+                   f"{result.bundle_digest})")
 
 
 @cli.command()

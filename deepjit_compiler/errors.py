@@ -54,6 +54,10 @@ class OutputError(DeepJITError):
     """An output path cannot be written (disk full, read-only, not a folder): nothing was half written."""
 
 
+class ServeError(DeepJITError):
+    """A serving export is refused: an option, the bundle's tensors, or a destination DeepJIT did not write."""
+
+
 class StoreError(DeepJITError):
     """Artifact storage refused an operation."""
 

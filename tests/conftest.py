@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import real_bundles as real_data  # tests/real_bundles.py: a trained YOLOv8, photos and bundles of it
 import registry  # tests/registry.py: a real OCI registry on loopback
 import trained  # tests/trained.py: a trained detector (nudenet's YOLOv8n) and scikit-image's photos
 
@@ -17,6 +18,7 @@ registry_server = registry.registry_server
 auth_registry_server = registry.auth_registry_server
 nudenet_320n = trained.nudenet_320n
 sample_photos = trained.sample_photos
+real_model, photos, real_bundles = real_data.real_model, real_data.photos, real_data.real_bundles
 
 REPO = Path(__file__).resolve().parent.parent
 PIPELINES = REPO / "pipelines"

@@ -82,11 +82,13 @@ LAYERS = (
     {"bundle"},
     {"store", "runtime"},
     {"validation"},
+    {"serve"},
     {"stagecache", "build", "materialize", "report", "cli"},
 )
 # Third-party modules a function may import on first use: optional, or heavy and on a rare path.
 LAZY_OK = {"onnxruntime.tools.symbolic_shape_infer": "sympy, only when ONNX's shape inference gives up",
-           "PIL": "the optional `images` extra"}
+           "PIL": "the optional `images` extra",
+           "triton_python_backend_utils": "Triton's Python backend's own module, importable only in its stub"}
 
 
 def module_name(path: Path) -> str:

@@ -105,15 +105,16 @@ def materialize(segment_paths: Mapping[str, str | Path] | Sequence[str | Path], 
 
 
 def runner_for(artifact: EngineArtifact, *, device: str = "auto", name: str | None = None,
-               tf32: bool = False) -> Runner:
-    """A runner over an artifact: its plan (TensorRT or TensorRT-RTX), else (ONNX Runtime or deferred)
-    the segment ONNX (`tf32`: whether ONNX Runtime's CUDA provider may use TF32, from engine.tf32)."""
+               tf32: bool = False, device_id: int = 0) -> Runner:
+    """A runner over an artifact: its plan (TensorRT or TensorRT-RTX, on the current CUDA device), else
+    (ONNX Runtime or deferred) the segment ONNX (`tf32`: whether ONNX Runtime's CUDA provider may use
+    TF32, from engine.tf32; `device_id`: the GPU its CUDA provider runs on)."""
     if artifact.backend in FLAVOURS and not artifact.deferred:
         f = flavour(artifact.backend)
         return TrtEngineRunner(_only(artifact, "." + f.plan_suffix), flavour=f,
                                name=name or f"{f.name}:{artifact.segment_name}")
     return onnxrt.OnnxrtEngineRunner(_only(artifact, ".onnx"), device=device, name=name or f"ort:{artifact.segment_name}",
-                                     tf32=tf32)
+                                     tf32=tf32, device_id=device_id)
 
 
 def _only(artifact: EngineArtifact, suffix: str) -> bytes:

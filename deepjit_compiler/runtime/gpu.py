@@ -114,6 +114,10 @@ class Gpu:
     def __init__(self, ordinal: int = 0):
         if not available():
             raise MissingDependency("no NVIDIA GPU or driver is available here")
+        count = _ck(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+        if not 0 <= ordinal < count:
+            raise MissingDependency(f"GPU {ordinal} is not available here: this process sees {count} GPU(s), "
+                                    f"0..{count - 1} (CUDA_VISIBLE_DEVICES chooses which)")
         cc = _cc()
         self.device = cc.Device(ordinal)
         self.device.set_current()

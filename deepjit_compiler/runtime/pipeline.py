@@ -76,8 +76,8 @@ class Pipeline(LayoutFacts):
     """A bundle loaded on this GPU. Not thread-safe: one call at a time."""
 
     def __init__(self, bundle: BundleView, layout: Layout, gpu: CountingGpu, prefer: str, graphs: bool,
-                 capture: str = "auto", engine: str = "auto"):
-        self.bundle, self.layout, self.gpu, self.graphs = bundle, layout, gpu, graphs
+                 capture: str = "auto", engine: str = "auto", gpu_index: int = 0):
+        self.bundle, self.layout, self.gpu, self.graphs, self.gpu_index = bundle, layout, gpu, graphs, gpu_index
         self.prefer, self.capture, self.engine = prefer, capture, engine
         self.code: dict[str, str] = {}
         self._closed = False
@@ -96,17 +96,17 @@ class Pipeline(LayoutFacts):
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
     def load(cls, bundle: Path | str | BundleView, *, prefer: str = "auto", graphs: bool = True,
-             capture: str = "auto", engine: str = "auto") -> Pipeline:
-        """Load a bundle (folder, .tar.gz or read BundleView) on GPU 0; BundleError/KernelError when
-        its kernels cannot run on this GPU or driver, MissingDependency without a GPU. `engine`: auto
+             capture: str = "auto", engine: str = "auto", gpu: int = 0) -> Pipeline:
+        """Load a bundle (folder, .tar.gz or read BundleView) on GPU `gpu` (an ordinal among the GPUs this
+        process sees: a Triton instance's device); BundleError/KernelError when its kernels cannot run
+        on this GPU or driver, MissingDependency without a GPU (or that GPU). `engine`: auto
         (a plan where one runs here, else the segment's ONNX on ONNX Runtime, with a warning), plan
         (EngineError naming why when none runs) or onnxruntime (segments.py). `capture`: how a phase
         with an engine is captured (graphs.PreparedPhase.capture; the default suits everyone, the
         others are for measuring the arrangements)."""
         bundle = read_bundle(bundle)
         layout = Layout.from_bundle(bundle)
-        gpu = _new_gpu()
-        self = cls(bundle, layout, gpu, prefer, graphs, capture, engine)
+        self = cls(bundle, layout, _new_gpu(gpu), prefer, graphs, capture, engine, gpu)
         try:
             self._load()
         except BaseException:
@@ -166,7 +166,7 @@ class Pipeline(LayoutFacts):
         for step in self.layout.steps:
             if step.kind == "segment":
                 runner, on_device = engine_runner(self.bundle, self.layout, step, engine=self.engine,
-                                                  device_sm=self.gpu.sm)
+                                                  device_sm=self.gpu.sm, device_id=self.gpu_index)
                 self._runners[step.name], self._on_device[step.name] = runner, on_device
 
     def _max_shapes(self) -> dict[str, tuple[int, ...]]:

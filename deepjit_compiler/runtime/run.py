@@ -242,10 +242,10 @@ DEVICES = ("gpu", "cpu")
 
 
 def load_pipeline(bundle, device: str = "gpu", *, prefer: str = "auto", graphs: bool = True,
-                  engine: str = "auto") -> Pipeline | CpuPipeline:
-    """The bundle loaded on GPU 0 (`gpu`), or on ONNX Runtime's CPU provider (`cpu`: its segments and
-    its kernels' ONNX references; `engine` must then be auto or onnxruntime). Without a GPU, the
-    error says how to run on the CPU instead."""
+                  engine: str = "auto", gpu: int = 0) -> Pipeline | CpuPipeline:
+    """The bundle loaded on GPU number `gpu` (device `gpu`), or on ONNX Runtime's CPU provider (`cpu`:
+    its segments and its kernels' ONNX references; `engine` must then be auto or onnxruntime). Without
+    a GPU, the error says how to run on the CPU instead."""
     if device not in DEVICES:
         raise RuntimeInputError(f"--device must be one of {', '.join(DEVICES)}, got '{device}'")
     if device == "cpu":
@@ -253,7 +253,7 @@ def load_pipeline(bundle, device: str = "gpu", *, prefer: str = "auto", graphs: 
             raise RuntimeInputError("--engine plan runs a TensorRT plan, which needs a GPU: not with --device cpu")
         return CpuPipeline.load(bundle)
     try:
-        return Pipeline.load(bundle, prefer=prefer, graphs=graphs, engine=engine)
+        return Pipeline.load(bundle, prefer=prefer, graphs=graphs, engine=engine, gpu=gpu)
     except MissingDependency as e:
         raise MissingDependency(f"{e}: run the bundle on the CPU instead with --device cpu (its ONNX segments and "
                                 "its kernels' ONNX references on ONNX Runtime)") from None

@@ -74,8 +74,9 @@ def activated_plan_runner(bundle: BundleView, step_name: str, plan: PlanView):
 
 
 def engine_runner(bundle: BundleView, layout: Layout, step: StepInfo, *, engine: str = "auto",
-                  device_sm: int | None = None):
-    """(runner, on the GPU?) for a segment step, activated. `device_sm`: this GPU's."""
+                  device_sm: int | None = None, device_id: int = 0):
+    """(runner, on the GPU?) for a segment step, activated. `device_sm`: this GPU's; `device_id`: its
+    ordinal (a plan runs on the current CUDA device, which the runtime made this one)."""
     if engine not in ENGINE_CHOICES:
         raise EngineError(f"engine must be one of {', '.join(ENGINE_CHOICES)}, got '{engine}'")
     refused: list[str] = []
@@ -96,6 +97,7 @@ def engine_runner(bundle: BundleView, layout: Layout, step: StepInfo, *, engine:
     if refused:
         log.warning("segment '%s': running its ONNX on ONNX Runtime instead of a plan: %s", step.name, "; ".join(refused))
     artifact = EngineArtifact("onnxruntime", step.name, {onnx_files[0]: bundle.file(onnx_files[0]).read_bytes()})
-    runner = runner_for(artifact, name=f"ort:{step.name}", tf32=bool(layout.engine.settings.get("tf32", False)))
+    runner = runner_for(artifact, name=f"ort:{step.name}", tf32=bool(layout.engine.settings.get("tf32", False)),
+                        device_id=device_id)
     runner.activate()
     return runner, runner.device == "cuda"

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import yaml
+from real_bundles import CONF, IOU, SIZE, spec  # the model, photos and bundles: fixtures in conftest.py
 
 from deepjit_compiler import build as build_module
 from deepjit_compiler.build import build_pipeline
@@ -21,74 +22,19 @@ from deepjit_compiler.runtime.run import run_bundle
 from deepjit_compiler.surgery.references import letterbox_numpy
 from deepjit_compiler.validation.gate import not_run
 
-CONF, IOU, SIZE = 0.1, 0.45, 320  # conf 0.1: a few detections on every photo, none near the threshold
-PHOTOS = ("astronaut", "coffee", "chelsea", "colorwheel")
-
 
 @pytest.fixture(scope="module")
-def model_path(nudenet_320n) -> Path:
-    return nudenet_320n
-
-
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory) -> dict[str, Path]:
-    data = pytest.importorskip("skimage.data", reason="scikit-image ships the photos")
-    image = pytest.importorskip("PIL.Image", reason="Pillow writes them as PNG")
-    folder = tmp_path_factory.mktemp("photos")
-    out = {}
-    for name in PHOTOS:
-        out[name] = folder / f"{name}.png"
-        image.fromarray(np.ascontiguousarray(getattr(data, name)()[..., :3])).save(out[name])
-    return out
-
-
-def spec(model: Path, gpu_letterbox: bool, out: Path, sm: int, precision: str = "fp32") -> dict:
-    inputs = {"images": {"shape": ["batch", 3, "height", "width"], "buckets": [1, 2],
-                         "profile": {"min": [1, 3, SIZE, SIZE], "opt": [1, 3, SIZE, SIZE], "max": [2, 3, SIZE, SIZE]}}}
-    cuts = [{"name": "decode", "preset": "yolov8_decode",
-             "kernels": [{"contract": "yolov8_decode", "params": {"mode": "candidates", "conf_threshold": CONF}}]},
-            {"name": "nms", "add": "after", "at": "output0",
-             "kernels": [{"contract": "nms", "params": {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": 100}}]}]
-    if gpu_letterbox:
-        inputs = {"raw_images": {"shape": ["batch", "height", "width", 3], "dtype": "uint8", "buckets": [1, 2],
-                                 "profile": {"min": [1, 32, 32, 3], "opt": [1, 512, 512, 3], "max": [2, 1024, 1024, 3]}},
-                  **inputs}
-        cuts.insert(0, {"name": "letterbox", "add": "before", "at": "images",
-                        "kernels": [{"contract": "letterbox", "params": {"size": SIZE}}]})
-    return {"name": out.name, "model": {"path": str(model)}, "target": {"sm": sm}, "inputs": inputs,
-            "engine": {"precision": precision}, "cuts": cuts,
-            "validation": {"samples": 1, "data": {"random": {"ranges": {"images": [0.0, 1.0], "raw_images": [0, 255]}}}},
-            "bundle": {"path": str(out)}}
-
-
-@pytest.fixture(scope="module")
-def bundles(model_path, tmp_path_factory) -> dict[str, Path]:
-    """fp32 bundles of the model for this GPU (sm_75 without one): host letterbox and GPU letterbox."""
-    folder = tmp_path_factory.mktemp("real")
-    sm = gpu_mod.Gpu().sm if gpu_mod.available() else 75
-    out = {}
-    with pytest.MonkeyPatch.context() as mp:  # the GPU levels are the validation tests'
-        mp.setattr(build_module, "gpu_levels", lambda path, spec, *_: [not_run("kernels", "test"),
-                                                                                      not_run("end_to_end", "test")])
-        for name, gpu_letterbox in (("host_letterbox", False), ("gpu_letterbox", True)):
-            path = folder / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(spec(model_path, gpu_letterbox, folder / "out" / name, sm)))
-            out[name] = build_pipeline(path, publish=False).bundle.path
-    return out
-
-
-@pytest.fixture(scope="module")
-def fp16_bundle(model_path, photos, tmp_path_factory) -> Path:
-    """An fp16 bundle of the model (host letterbox), its precision level on the photos: the engine
-    hands the decode its head maps in fp16."""
+def fp16_bundle(real_model, photos, tmp_path_factory) -> Path:
+    """An fp16 bundle of the model (host letterbox), its levels on the photos: the engine hands the
+    decode its head maps in fp16."""
     folder = tmp_path_factory.mktemp("real-fp16")
     sm = gpu_mod.Gpu().sm if gpu_mod.available() else 75
-    body = spec(model_path, False, folder / "out" / "fp16", sm, precision="fp16")
-    body["validation"].update({"samples": len(PHOTOS), "data": {"folder": str(next(iter(photos.values())).parent)}})
+    body = spec(real_model, False, folder / "out" / "fp16", sm, precision="fp16")
+    body["validation"].update({"samples": len(photos), "data": {"folder": str(next(iter(photos.values())).parent)}})
     (folder / "fp16.yaml").write_text(yaml.safe_dump(body))
     with pytest.MonkeyPatch.context() as mp:  # the GPU levels are the validation tests'
-        mp.setattr(build_module, "gpu_levels", lambda path, spec, report_dir=None: [not_run("kernels", "test"),
-                                                                                      not_run("end_to_end", "test")])
+        mp.setattr(build_module, "gpu_levels", lambda path, spec, *_: [not_run("kernels", "test"),
+                                                                       not_run("end_to_end", "test")])
         return build_pipeline(folder / "fp16.yaml", publish=False).bundle.path
 
 
@@ -142,15 +88,15 @@ def assert_same(record: dict, boxes: np.ndarray, classes: np.ndarray) -> None:
 
 
 # ----------------------------------------------------------------------------- the tests
-def test_cpu_run_of_a_trained_model_equals_onnxruntime(bundles, model_path, photos):
-    result = run_bundle(bundles["host_letterbox"], list(photos.values()), device="cpu")
+def test_cpu_run_of_a_trained_model_equals_onnxruntime(real_bundles, real_model, photos):
+    result = run_bundle(real_bundles["host_letterbox"], list(photos.values()), device="cpu")
     assert result["engine"].startswith("cpu (ONNX Runtime")
     for record, png in zip(result["results"], photos.values()):
         assert record["source"] == png.name
-        assert_same(record, *expected(model_path, png))
+        assert_same(record, *expected(real_model, png))
 
 
-def test_fp16_bundle_of_a_trained_model_hands_the_decode_fp16_and_equals_onnxruntime(fp16_bundle, model_path, photos):
+def test_fp16_bundle_of_a_trained_model_hands_the_decode_fp16_and_equals_onnxruntime(fp16_bundle, real_model, photos):
     """The head maps stay fp16 from the engine to the decode; the graph level (the cut, with that
     boundary stored in fp16 on the model's side too) and the precision level (against the fp32 model,
     on the photos) pass, and the CPU run gives the fp32 model's detections."""
@@ -167,16 +113,16 @@ def test_fp16_bundle_of_a_trained_model_hands_the_decode_fp16_and_equals_onnxrun
     assert found and found[1] == found[2] and int(found[1]) > 0, detections
     result = run_bundle(fp16_bundle, list(photos.values()), device="cpu")
     for record, png in zip(result["results"], photos.values()):
-        assert_same(record, *expected(model_path, png))
+        assert_same(record, *expected(real_model, png))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["host_letterbox", "gpu_letterbox", "fp16"])
-def test_gpu_run_of_a_trained_model_equals_onnxruntime(bundles, fp16_bundle, model_path, photos, variant):
+def test_gpu_run_of_a_trained_model_equals_onnxruntime(real_bundles, fp16_bundle, real_model, photos, variant):
     if not gpu_mod.available():
         pytest.skip("needs an NVIDIA GPU")
-    result = run_bundle(fp16_bundle if variant == "fp16" else bundles[variant], list(photos.values()))
+    result = run_bundle(fp16_bundle if variant == "fp16" else real_bundles[variant], list(photos.values()))
     if ort.get_device() == "GPU":
         assert result["engine"].startswith("cuda (ONNX Runtime") and "tf32 off" in result["engine"]
     for record, png in zip(result["results"], photos.values()):
-        assert_same(record, *expected(model_path, png))
+        assert_same(record, *expected(real_model, png))

@@ -229,7 +229,8 @@ def fake(monkeypatch):
     made: list[FakeGpu] = []
     state = {"sm": 90}
 
-    def new_gpu():
+    def new_gpu(ordinal=0):
+        state["ordinal"] = ordinal
         gpu = FakeGpu(state["sm"])
         monkeypatch.setattr(hostmem, "driver", FakeDriver(gpu.log))
         made.append(gpu)

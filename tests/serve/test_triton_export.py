@@ -1,0 +1,169 @@
+"""`deepjit export triton`: the model repository it writes, and what it refuses (exit 2, nothing changed).
+
+The bundles are the trained YOLOv8n's (conftest.py): with the letterbox on the GPU (raw uint8 images in,
+max batch 2, buckets 1 and 2, 100 detections) and on the host (float [B, 3, 320, 320] in)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepjit_compiler.bundle.folder import read_bundle, verify_folder
+from deepjit_compiler.cli import main
+from deepjit_compiler.errors import ServeError
+from deepjit_compiler.serve.triton import TritonOptions, export_triton
+
+model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
+                                       reason="the export writes config.pbtxt with tritonclient's schema")
+text_format = pytest.importorskip("google.protobuf.text_format")
+
+
+def parsed(model_dir: Path):
+    return text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def export_cli(capsys, *args: str) -> tuple[int, str]:
+    """`deepjit export triton ARGS` in this process: (exit code, stderr)."""
+    capsys.readouterr()
+    code = main(["export", "triton", *args])
+    return code, capsys.readouterr().err
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under `folder` with its sha256: to show nothing changed."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_config_of_the_letterbox_bundle(real_bundles, tmp_path):
+    result = export_triton(real_bundles["gpu_letterbox"], tmp_path / "repo", TritonOptions(name="det", kind="cpu",
+                                                                                         instances=3))
+    assert result.model_dir == tmp_path / "repo" / "det" and result.maps_boxes
+    c = parsed(result.model_dir)
+    mc = model_config_pb2
+    assert (c.name, c.backend, c.max_batch_size) == ("det", "python", 2)
+    assert [(t.name, t.data_type, list(t.dims)) for t in c.input] == [("raw_images", mc.TYPE_UINT8, [-1, -1, 3])]
+    assert [(t.name, t.data_type, list(t.dims)) for t in c.output] == [
+        ("num_dets", mc.TYPE_INT32, [1]), ("boxes", mc.TYPE_FP32, [100, 4]), ("scores", mc.TYPE_FP32, [100]),
+        ("classes", mc.TYPE_INT32, [100]), ("ratio_pad", mc.TYPE_FP32, [3])]
+    assert c.output[0].HasField("reshape") and list(c.output[0].reshape.shape) == []   # [B] inside, [B, 1] out
+    assert list(c.dynamic_batching.preferred_batch_size) == [2]
+    assert c.dynamic_batching.max_queue_delay_microseconds == 100
+    assert [(g.kind, g.count, list(g.gpus)) for g in c.instance_group] == [(mc.ModelInstanceGroup.KIND_CPU, 3, [])]
+    assert "EXECUTION_ENV_PATH" not in c.parameters
+
+
+def test_config_of_gpu_instances_and_the_options(real_bundles, tmp_path):
+    options = TritonOptions(name="det", version=3, max_batch=1, kind="gpu", instances=2, gpus=(0, 1),
+                            env="/opt/deepjit-env", dynamic_batching=False)
+    c = parsed(export_triton(real_bundles["host_letterbox"], tmp_path, options).model_dir)
+    mc = model_config_pb2
+    assert c.max_batch_size == 1 and not c.HasField("dynamic_batching")
+    assert [(t.name, t.data_type, list(t.dims)) for t in c.input] == [("images", mc.TYPE_FP32, [3, 320, 320])]
+    assert [(g.kind, g.count, list(g.gpus)) for g in c.instance_group] == [(mc.ModelInstanceGroup.KIND_GPU, 2, [0, 1])]
+    assert c.parameters["EXECUTION_ENV_PATH"].string_value == "/opt/deepjit-env"
+    assert (tmp_path / "det" / "3" / "model.py").is_file()
+
+
+def test_the_bundle_travels_whole_and_model_py_pins_its_digest(real_bundles, tmp_path):
+    source = read_bundle(real_bundles["gpu_letterbox"])
+    result = export_triton(source.source, tmp_path, TritonOptions(name="det", kind="cpu"))
+    copied = verify_folder(result.model_dir / "1" / "bundle")
+    assert copied["digest"] == source.digest == result.bundle_digest
+    assert tree(result.model_dir / "1" / "bundle") == tree(source.root)
+    model_py = (result.model_dir / "1" / "model.py").read_text()
+    assert "from deepjit_compiler.serve.triton_model import DeepJITModel" in model_py
+    assert f'bundle_digest = "{source.digest}"' in model_py
+    marker = json.loads((result.model_dir / "deepjit-export.json").read_text())
+    assert marker["bundles"] == ["1/bundle"] and marker["bundle_digest"] == source.digest
+    assert marker["files"] == {rel: h for rel, h in tree(result.model_dir).items() if rel in ("config.pbtxt", "1/model.py")}
+
+
+def test_an_export_replaces_its_own_and_leaves_the_other_models(real_bundles, tmp_path):
+    repo = tmp_path / "repo"
+    export_triton(real_bundles["gpu_letterbox"], repo, TritonOptions(name="det", kind="cpu"))
+    other = repo / "someone_elses" / "config.pbtxt"
+    other.parent.mkdir()
+    other.write_text('backend: "onnxruntime"\n')
+    cache = repo / "det" / "1" / "__pycache__" / f"model.cpython-{sys.version_info.major}{sys.version_info.minor}.pyc"
+    cache.parent.mkdir()
+    cache.write_bytes(b"bytecode Python cached when Triton loaded model.py")
+    export_triton(real_bundles["host_letterbox"], repo, TritonOptions(name="det", kind="cpu", max_batch=1))
+    assert parsed(repo / "det").input[0].name == "images" and parsed(repo / "det").max_batch_size == 1
+    assert not cache.exists() and other.read_text() == 'backend: "onnxruntime"\n'
+    assert sorted(p.name for p in repo.iterdir()) == ["det", "someone_elses"]   # no staging folder left
+
+
+def _edit_config(d: Path) -> None:
+    (d / "config.pbtxt").write_text((d / "config.pbtxt").read_text().replace("max_batch_size: 2", "max_batch_size: 1"))
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda d: (d / "notes.txt").write_text("mine"), "'notes.txt' is not one of its files"),
+    (_edit_config, "'config.pbtxt' was changed after the export"),
+    (lambda d: (d / "1" / "model.py").unlink(), "'1/model.py' is missing"),
+    (lambda d: (d / "1" / "bundle" / "manifest.json").write_text("{}"), "its bundle 1/bundle/ does not verify"),
+    (lambda d: (d / "deepjit-export.json").unlink(), "no deepjit-export.json"),
+])
+def test_a_model_folder_holding_what_export_did_not_write_is_refused(real_bundles, tmp_path, capsys, change, why):
+    repo = tmp_path / "repo"
+    export_triton(real_bundles["gpu_letterbox"], repo, TritonOptions(name="det", kind="cpu"))
+    change(repo / "det")
+    before = tree(repo)
+    code, err = export_cli(capsys, str(real_bundles["host_letterbox"]), str(repo), "--name", "det", "--kind", "cpu")
+    assert code == 2, err
+    assert f"{repo / 'det'}: holds files `deepjit export triton` did not write" in err and why in err
+    assert "refusing to replace it" in err and "Traceback" not in err
+    assert tree(repo) == before
+
+
+def test_a_users_folder_is_refused(real_bundles, tmp_path):
+    user = tmp_path / "repo" / "det"
+    (user / "1").mkdir(parents=True)
+    (user / "1" / "model.onnx").write_bytes(b"a user's model")
+    with pytest.raises(ServeError, match="no deepjit-export.json"):
+        export_triton(real_bundles["gpu_letterbox"], tmp_path / "repo", TritonOptions(name="det"))
+    assert tree(tmp_path / "repo") == {"det/1/model.onnx": hashlib.sha256(b"a user's model").hexdigest()}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-batch", "3"], "--max-batch 3: this bundle takes batches 1..2 (its profile)"),
+    (["--max-batch", "0"], "--max-batch 0: this bundle takes batches 1..2"),
+    (["--name", "../up"], "--name '../up': a Triton model name here is letters, digits"),
+    (["--kind", "cpu", "--gpus", "0"], "--gpus 0: distinct GPU numbers (0, 1, ...), and only with --kind gpu"),
+    (["--gpus", "0,0"], "--gpus 0,0: distinct GPU numbers"),
+    (["--env", "venv"], "--env venv: give the serving environment's absolute path"),
+    (["--version", "0"], "--version 0: Triton model versions are whole numbers from 1"),
+    (["--instances", "0"], "--instances 0: at least 1"),
+    (["--kind", "tpu"], "Invalid value for '--kind'"),
+    (["--frobnicate"], "No such option '--frobnicate'"),
+])
+def test_bad_options_exit_2_and_write_nothing(real_bundles, tmp_path, capsys, args, message):
+    code, err = export_cli(capsys, str(real_bundles["gpu_letterbox"]), str(tmp_path / "repo"), *args)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "repo").exists()
+
+
+def test_a_bundle_that_fails_verification_is_refused(real_bundles, tmp_path, capsys):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(real_bundles["gpu_letterbox"], bundle)
+    onnx_file = next(bundle.rglob("*.onnx"))
+    onnx_file.write_bytes(onnx_file.read_bytes()[:-1] + b"\0")
+    code, err = export_cli(capsys, str(bundle), str(tmp_path / "repo"))
+    assert code == 2 and "bundle verification failed" in err, err
+    assert f"'{onnx_file.relative_to(bundle).as_posix()}' does not match its sha256" in err
+    assert not (tmp_path / "repo").exists()
+
+
+def test_the_export_without_tritonclient_names_the_extra(real_bundles, tmp_path):
+    code = ("import sys; sys.modules['tritonclient'] = None\n"
+            "from deepjit_compiler.cli import main\n"
+            f"sys.exit(main(['export', 'triton', {str(real_bundles['gpu_letterbox'])!r}, {str(tmp_path / 'r')!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "install deepjit[triton]" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
