@@ -109,7 +109,7 @@ def _rule(t: Mapping[str, Any]) -> str:
     if t.get("bit_identical"):
         return "gate: bit for bit"
     return "gate: " + ", ".join(k if v is True else f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                                for k, v in t.items() if v is not None)
+                                for k, v in sorted(t.items()) if v is not None)  # a cached record's order
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from conftest import REPO
 from test_imports import LAZY_OK
 
 PACKAGE = REPO / "deepjit_compiler"
+# Modules the process DeepJIT runs in provides, which no package can bring (imported lazily, where they are).
+HOST_PROVIDED = {"triton_python_backend_utils": "Triton's Python-backend stub, inside tritonserver"}
 
 
 def _norm(name: str) -> str:
@@ -46,6 +48,8 @@ def test_every_imported_package_is_declared():
     wanted = declared()
     missing = []
     for top, where in sorted(imported_top_levels().items()):
+        if top in HOST_PROVIDED:
+            continue
         owners = {_norm(d) for d in dists.get(top, ())}
         if not owners & wanted:
             missing.append(f"{top} (imported in {where}; installed from {sorted(owners) or 'nothing'})")
@@ -55,7 +59,7 @@ def test_every_imported_package_is_declared():
 def test_what_a_lazy_import_needs_is_installed():
     """A lazy import pulls in what its library no longer declares (ONNX Runtime's symbolic shape
     inference needs sympy, which onnxruntime >= 1.32 does not bring): it must import here."""
-    for module in LAZY_OK:
+    for module in set(LAZY_OK) - set(HOST_PROVIDED):
         importlib.import_module(module)
 
 

@@ -36,6 +36,7 @@ def test_readme_lists_the_manifests_top_level_keys(t4_build):
 
 def test_readme_commands_and_their_options_exist():
     """Every command of the README's command-line table, with every option it shows, is in the CLI."""
+    import click
     from click.testing import CliRunner
 
     from deepjit_compiler.cli import cli
@@ -44,8 +45,13 @@ def test_readme_commands_and_their_options_exist():
     rows = re.findall(r"^\| `deepjit ([^`]+)` \|", table, re.M)
     assert len(rows) >= 12
     for usage in rows:
-        words = [w for w in usage.split() if re.fullmatch(r"[a-z]+", w)]
-        command = words[:2] if words[0] == "model" else words[:1]
+        command, group = [], cli
+        for word in usage.split():  # down through the groups: `model synth`, `export triton`
+            if not isinstance(group, click.Group) or word not in group.commands:
+                break
+            command.append(word)
+            group = group.commands[word]
+        assert command, f"README shows `deepjit {usage}`, which is no command"
         result = CliRunner().invoke(cli, [*command, "--help"])
         assert result.exit_code == 0, (usage, result.output)
         for option in re.findall(r"--[a-z-]+", usage):
