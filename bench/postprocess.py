@@ -1,13 +1,15 @@
 """Benchmark (not a test): YOLOv8 post-processing on the GPU, DeepJIT against the usual ways.
 
     python3 bench/postprocess.py [--batches 1 8 32] [--iters 200] [--append bench/RESULTS.md] [--json out.json]
-                                 [--decode-contract PATH] [--nms-contract PATH]
+                                 [--head-dtypes float32 float16] [--decode-contract PATH] [--nms-contract PATH]
+                                 [--spec pipelines/yolov8_t4.yaml] [--bandwidth-gbs 320] [--estimate-only]
 
 --decode-contract / --nms-contract time your own contract (a kernels/*.yaml copy with its template)
 in place of the built-in one, e.g. an earlier version as the same-run baseline.
 
 Methods, all on the same seeded head maps (per-level box [B, 64, H, W] and class [B, 80, H, W] at
-640x640, a few percent of anchors above 0.25):
+640x640, a few percent of anchors above 0.25); DeepJIT's once per --head-dtypes (the maps as an fp32
+engine hands them over, and rounded to fp16 as an fp16 engine does, precision/boundaries.py):
   deepjit-plain   decode (candidates) + nms kernels, two plain launches per inference
   deepjit-graph   the same two kernels replayed from one CUDA graph
   torch-eager     the way ultralytics users run it: Detect-head decode in PyTorch eager, then
@@ -18,6 +20,12 @@ Columns: GPU median / p95 per inference from device events (DeepJIT's inferences
 behind a sleep kernel, so they run back to back and the events time the GPU alone; torch syncs
 inside NMS, so its events also hold the host's stalls), the host's wall time per inference with a
 sync after each, and device kernel launches per inference (torch: counted by torch.profiler).
+
+Then the bytes each kernel moves per batch (jit/traffic.py: its contract's tensors, read or written
+once; the candidate buffers at the candidates the data gives) under --spec's settings (default the T4
+example: its kernels' params, its engine precision's head-map dtype, and fp32 beside it), and the
+time that is at --bandwidth-gbs (320: a T4's memory), next to each kernel measured alone on this GPU
+and the bandwidth that measurement reaches. --estimate-only prints that table without a GPU.
 """
 from __future__ import annotations
 
@@ -34,11 +42,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from deepjit_compiler.jit.contracts import load_contract  # noqa: E402
+from deepjit_compiler.jit.contracts import load_contract, resolve_params  # noqa: E402
 from deepjit_compiler.jit.nvrtc import compile_site_kernel, nvrtc_version  # noqa: E402
+from deepjit_compiler.jit.traffic import kernel_traffic  # noqa: E402
+from deepjit_compiler.model.source import resolve_model  # noqa: E402
+from deepjit_compiler.precision.boundaries import plan_at_precision  # noqa: E402
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 from deepjit_compiler.runtime.launch import KernelChain  # noqa: E402
 from deepjit_compiler.runtime.layout import site_aliases  # noqa: E402
+from deepjit_compiler.spec.load import load_spec  # noqa: E402
+from deepjit_compiler.surgery.cut import plan_from_model  # noqa: E402
 
 NC, REG, STRIDES, SIZE = 80, 16, (8, 16, 32), 640
 CONF, IOU, MAX_DET = 0.25, 0.45, 300
@@ -62,15 +75,31 @@ def head_maps(rng: np.random.Generator, batch: int) -> list[dict[str, np.ndarray
     return levels
 
 
-def decode_site():
-    """The decode kernel site (facts and reference subgraph) of a synthetic YOLOv8n, from surgery."""
+def decode_site(precision: str = "fp32"):
+    """The decode kernel site (facts and reference subgraph) of a synthetic YOLOv8n, from surgery; as an
+    engine of `precision` hands it the head maps (fp16: facts input_dtype float16, fp16 inputs)."""
     from deepjit_compiler.model.synth import synthesize_yolov8
-    from deepjit_compiler.surgery.cut import plan_from_model
     from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
 
     plan = plan_from_model(synthesize_yolov8("yolov8n", seed=0),
                            [CutRequest("decode", preset="yolov8_decode", kernels=[KernelRequest("yolov8_decode")])])
-    return plan.sites[0]
+    return plan_at_precision(plan, precision).sites[0]
+
+
+PRECISION_OF = {"float32": "fp32", "float16": "fp16"}  # the engine precision that hands the decode that dtype
+SPEC_DTYPES = {"fp16": "float16"}  # engine precisions whose engines hand the decode other than float32
+
+
+def typed_maps(maps, dtype: str) -> list[dict[str, np.ndarray]]:
+    return [{k: v.astype(dtype) for k, v in lv.items()} for lv in maps]
+
+
+def candidates_per_image(maps, conf: float) -> int:
+    """The decode's candidates (best class score > conf) per image of these maps, the mean rounded up:
+    the rows of the candidate buffers the data fills."""
+    best = np.concatenate([lv["cls"].astype(np.float32).max(axis=1).reshape(len(lv["cls"]), -1) for lv in maps], 1)
+    scores = 1 / (1 + np.exp(-best, dtype=np.float32))
+    return int(np.ceil((scores > np.float32(conf)).sum(axis=1).mean()))
 
 
 def stats(us: list[float]) -> tuple[float, float]:
@@ -260,6 +289,71 @@ def bench_onnxrt(site, input_sets, iters: int) -> dict:
     return {"gpu_us": None, "wall_us": stats(wall), "kernels": "-", "_dets": sess.run(None, feeds[0])[0].tolist()}
 
 
+# --- bytes moved, under a spec's settings ------------------------------------------------------------
+
+
+def spec_kernels(spec_path: Path, head_dtypes) -> dict[str, list]:
+    """{head-map dtype: [(step, contract, resolved params)]} of the spec's kernel steps, as a build of the
+    spec with an engine handing the decode that dtype has them (its surgery and precision/boundaries.py)."""
+    loaded = load_spec(spec_path)
+    plan = plan_from_model(resolve_model(loaded).model, loaded.spec.cuts, spec_dir=loaded.folder)
+    out = {}
+    for dtype in head_dtypes:
+        typed = plan_at_precision(plan, PRECISION_OF[dtype], loaded.folder)
+        out[dtype] = []
+        for step in (*typed.sites, *typed.added):
+            for k in step.kernels:
+                contract = load_contract(str(k.contract), spec_dir=loaded.folder)
+                out[dtype].append((step.name, contract, resolve_params(contract, k.params, typed.kernel_facts(step))))
+    return out
+
+
+def traffic(contract, params, batch: int, candidates: int):
+    """kernel_traffic at `batch`, the candidate buffers holding `candidates` rows per image."""
+    if "max_candidates" in contract.model.params:
+        params = {**params, "max_candidates": candidates}
+    return kernel_traffic(contract, params, {"B": batch})
+
+
+def traffic_rows(kernels: dict[str, list], batches, candidates: dict[int, int], bandwidth: float) -> list[dict]:
+    rows = []
+    for batch in batches:
+        for dtype, steps in kernels.items():
+            for step, contract, params in steps:
+                t = traffic(contract, params, batch, candidates[batch])
+                rows.append({"batch": batch, "head_maps": dtype, "kernel": f"{step}/{contract.name}",
+                             "candidates_per_image": candidates[batch], "read": t.read, "written": t.written,
+                             "us_at_bandwidth": 1e6 * t.seconds_at(bandwidth)})
+    return rows
+
+
+def spec_max_batch(spec_path: Path) -> int | None:
+    """The largest batch the spec's profiles allow (None: a static shape without a profile)."""
+    inputs = load_spec(spec_path).spec.inputs.values()
+    maxima = [i.profile.max[0] for i in inputs if i.profile is not None]
+    return min(maxima) if maxima else None
+
+
+def traffic_table(rows: list[dict], bandwidth: float, spec: str, measured: dict | None = None,
+                  max_batch: int | None = None) -> str:
+    """`measured`: {(batch, dtype, kernel step): (median µs alone on this GPU, bytes that kernel moved)}."""
+    gbs = f"{bandwidth / 1e9:,.0f} GB/s"
+    beyond = f" (its profile allows batch <= {max_batch}: larger batches are for comparison)" if max_batch else ""
+    lines = [f"Bytes each kernel moves per batch under `{spec}`'s settings{beyond} (read once, written once; "
+             f"candidate buffers at the candidates the data gives), and that time at {gbs}:", "",
+             f"| batch | head maps | kernel | candidates / image | MB read | MB written | µs at {gbs} |"
+             + (" this GPU: µs alone | this GPU: GB/s |" if measured else ""),
+             "|---:|---|---|---:|---:|---:|---:|" + ("---:|---:|" if measured else "")]
+    for r in rows:
+        line = (f"| {r['batch']} | {r['head_maps']} | {r['kernel']} | {r['candidates_per_image']} "
+                f"| {r['read'] / 1e6:,.3f} | {r['written'] / 1e6:,.3f} | {r['us_at_bandwidth']:,.2f} |")
+        if measured:
+            us, moved = measured.get((r["batch"], r["head_maps"], r["kernel"].split("/")[0]), (None, None))
+            line += " - | - |" if us is None else f" {us:,.1f} | {moved / us / 1e3:,.0f} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 # --- report -----------------------------------------------------------------------------------------
 
 
@@ -278,8 +372,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--ort-iters", type=int, default=10)
-    ap.add_argument("--append", type=Path, help="append the table to this markdown file")
+    ap.add_argument("--append", type=Path, help="append the tables to this markdown file")
     ap.add_argument("--json", type=Path, help="write all numbers here")
+    ap.add_argument("--head-dtypes", nargs="+", default=["float32", "float16"], choices=list(PRECISION_OF),
+                    help="dtypes of the head maps DeepJIT's kernels are timed on, in the same run")
     ap.add_argument("--anchors-per-thread", type=int, default=4)
     ap.add_argument("--lanes-per-anchor", type=int, default=1, help="yolov8_decode's lanes_per_anchor (1 or 4)")
     ap.add_argument("--nms-block", type=int, default=512, help="threads of the nms kernel's one block per image")
@@ -287,47 +383,86 @@ def main(argv=None) -> int:
     ap.add_argument("--decode-contract", default="yolov8_decode", help="contract name or YAML path")
     ap.add_argument("--nms-contract", default="nms", help="contract name or YAML path")
     ap.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (for ncu's source view)")
+    ap.add_argument("--spec", type=Path, default=REPO / "pipelines" / "yolov8_t4.yaml",
+                    help="the spec whose kernels' bytes are estimated (default: the T4 example)")
+    ap.add_argument("--bandwidth-gbs", type=float, default=320.0, help="memory bandwidth of the estimate (T4: 320)")
+    ap.add_argument("--estimate-only", action="store_true", help="print the bytes table only (no GPU needed)")
     args = ap.parse_args(argv)
+    command = f"python3 bench/postprocess.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    bandwidth = args.bandwidth_gbs * 1e9
+    spec_name = args.spec.resolve().relative_to(REPO) if args.spec.resolve().is_relative_to(REPO) else args.spec
+    # the spec's engine precision's dtype first, fp32 beside it (what every engine handed over before)
+    kernels = spec_kernels(args.spec, dict.fromkeys([SPEC_DTYPES.get(load_spec(args.spec).spec.engine.precision,
+                                                                       "float32"), "float32"]))
+    max_batch = spec_max_batch(args.spec)
+    cands = {b: candidates_per_image(head_maps(np.random.default_rng(b), b), CONF) for b in args.batches}
+    if args.estimate_only:  # the first maps of each batch's seeded sets: the same as a measured run's
+        rows = traffic_rows(kernels, args.batches, cands, bandwidth)
+        text = f"Command: `{command}`\n\n" + traffic_table(rows, bandwidth, str(spec_name), max_batch=max_batch)
+        text += "\n"
+        print(text)
+        if args.json:
+            args.json.write_text(json.dumps({"traffic": rows}, indent=1))
+        return 0
 
     import torch
     import torchvision
 
     gpu = gpu_mod.Gpu()
-    site = decode_site()
+    sites = {dtype: decode_site(PRECISION_OF[dtype]) for dtype in args.head_dtypes}
     lanes = {"lanes_per_anchor": args.lanes_per_anchor} if args.lanes_per_anchor != 1 else {}  # older contracts lack it
-    decode = compile_site_kernel(args.decode_contract, {"mode": "candidates", "conf_threshold": CONF,
-                                                        "anchors_per_thread": args.anchors_per_thread, **lanes},
-                                 site.facts, sm=gpu.sm, debug=args.lineinfo)
+    decode_params = {"mode": "candidates", "conf_threshold": CONF, "anchors_per_thread": args.anchors_per_thread,
+                     **lanes}
+    decoders = {dtype: compile_site_kernel(args.decode_contract, decode_params, site.facts, sm=gpu.sm,
+                                           debug=args.lineinfo)
+                for dtype, site in sites.items()}
+    for dtype, decode in decoders.items():
+        if decode.params.get("dtype", "float32") != dtype:
+            raise SystemExit(f"{args.decode_contract} does not read {dtype} head maps (its dtype: "
+                             f"{decode.params.get('dtype')}); pass --head-dtypes it reads")
     chunk = {"chunk": args.nms_chunk} if args.nms_chunk else {}  # older contracts lack it
     nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
-                                                  "block": args.nms_block, **chunk}, site.facts, sm=gpu.sm,
-                              debug=args.lineinfo)
-    rows, record = [], {}
+                                                  "block": args.nms_block, **chunk}, sites[args.head_dtypes[0]].facts,
+                              sm=gpu.sm, debug=args.lineinfo)
+    rows, record, measured = [], {}, {}
     for batch in args.batches:
         rng = np.random.default_rng(batch)
         sets = [head_maps(rng, batch) for _ in range(ROTATE)]
-        ours = bench_deepjit(gpu, decode, nms, site, sets, args.iters, torch)
+        for dtype in args.head_dtypes:
+            decode = decoders[dtype]
+            typed = [typed_maps(m, dtype) for m in sets]
+            ours = bench_deepjit(gpu, decode, nms, sites[dtype], typed, args.iters, torch)
+            print(f"batch {batch}, {dtype} head maps: detections per image deepjit {ours.pop('_dets')[:4]}", flush=True)
+            for name, r in ours.items():
+                rows.append((f"{name} {dtype}", batch, r))
+                record[f"{name} {dtype}/b{batch}"] = r
+            for step, kernel, mode in (("decode", decode, "deepjit decode alone (graph + memset)"),
+                                       ("nms", nms, "deepjit nms alone (graph + copy)")):
+                moved = traffic(load_contract(kernel.contract_path), kernel.params, batch, cands[batch]).total
+                measured[(batch, dtype, step)] = (ours[mode]["gpu_us"][0], moved)
         theirs = bench_torch(torch, torchvision, sets, max(20, args.iters // 4))
-        cpu = bench_onnxrt(site, sets, max(3, args.ort_iters // max(1, batch // 8)))
-        print(f"batch {batch}: detections per image deepjit {ours.pop('_dets')[:4]} torch {theirs.pop('_dets')[:4]} "
-              f"onnxrt {cpu.pop('_dets')[:4]}", flush=True)
-        for name, r in (*ours.items(), ("torch-eager", theirs), ("onnxrt-cpu", cpu)):
+        cpu = bench_onnxrt(sites.get("float32") or decode_site(), sets, max(3, args.ort_iters // max(1, batch // 8)))
+        print(f"batch {batch}: detections per image torch {theirs.pop('_dets')[:4]} onnxrt {cpu.pop('_dets')[:4]}",
+              flush=True)
+        for name, r in (("torch-eager", theirs), ("onnxrt-cpu", cpu)):
             rows.append((name, batch, r))
             record[f"{name}/b{batch}"] = r
         print(table([r for r in rows if r[1] == batch]), flush=True)
+    moved_rows = traffic_rows(kernels, args.batches, cands, bandwidth)
     major, minor = nvrtc_version()
     header = (f"## {datetime.date.today().isoformat()}: {gpu.name} (sm_{gpu.sm}), driver CUDA "
               f"{gpu_mod.driver_version() // 1000}.{gpu_mod.driver_version() % 1000 // 10}, NVRTC {major}.{minor}, "
               f"torch {torch.__version__}, torchvision {torchvision.__version__}, {platform.python_implementation()} "
-              f"{platform.python_version()}\n\nCommand: `python3 bench/postprocess.py "
-              f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n")
-    text = header + table(rows) + "\n"
+              f"{platform.python_version()}\n\nCommand: `{command}`\n\n")
+    moved_table = traffic_table(moved_rows, bandwidth, str(spec_name), measured, max_batch)
+    text = header + table(rows) + "\n\n" + moved_table + "\n"
     print("\n" + text)
     if args.append:
         with open(args.append, "a") as f:
             f.write("\n" + text)
     if args.json:
-        args.json.write_text(json.dumps({"header": header, "results": record}, indent=1, default=str))
+        args.json.write_text(json.dumps({"header": header, "results": record, "traffic": moved_rows}, indent=1,
+                                        default=str))
     return 0
 
 

@@ -1,8 +1,9 @@
 """The build: the only module that knows the order of the stages.
 
-model -> surgery -> graph level (reassembly) -> precision (+ its level) -> kernels (NVRTC) ->
-engines -> bundle staged -> GPU levels when a GPU is here -> gate -> bundle committed (or rejected/)
--> publish. The graph and precision stages are cached by the digest of what each reads (stagecache.py).
+model -> surgery (segment -> kernel boundaries in the engine's dtype) -> graph level (reassembly) ->
+precision (+ its level) -> kernels (NVRTC) -> engines -> bundle staged -> GPU levels when a GPU is here ->
+gate -> bundle committed (or rejected/) -> publish. The graph and precision stages are cached by the
+digest of what each reads (stagecache.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .jit.nvrtc import compile_site_kernels
 from .jit.thresholds import check_thresholds
 from .log import StageTimes
 from .model.source import ResolvedModel, check_inputs, resolve_model
+from .precision.boundaries import plan_at_precision
 from .precision.calibration import CalibrationSettings
 from .spec.load import LoadedSpec, load_spec
 from .stagecache import StageCache, arrays_digest, folder_digest, level_from_record, level_record
@@ -101,8 +103,10 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         check_inputs(loaded, resolved.model)
     result = BuildResult(loaded, resolved, times=times)
     with times.stage("surgery"):
-        result.plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
-        warnings = check_kernel_params(loaded, result.plan)
+        plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
+        warnings = check_kernel_params(loaded, plan)  # bad params are named before the boundaries read them
+        # the segments hand kernels their tensors in the engine's dtype where the kernels read it
+        result.plan = plan_at_precision(plan, spec.engine.precision, loaded.folder)
     for warning in warnings:
         log.warning("%s", warning)
     result.notes += warnings
@@ -178,14 +182,6 @@ def _build(result: BuildResult, report_dir: Path) -> None:
 
 
 
-def _facts(plan, step) -> dict[str, Any]:
-    """What fills in a step's inferable params: a site's, what its preset found; an added stage's, its
-    own params and the sites' facts (NMS sizes its buffers by the decode's anchor count)."""
-    if step.kind == "kernel":
-        return dict(step.facts)
-    return {**{k: v for site in plan.sites for k, v in site.facts.items()}, **step.params}
-
-
 def check_kernel_params(loaded: LoadedSpec, plan) -> list[str]:
     """Before any work: every kernel's params resolved against what the surgery found (a given param
     that contradicts the model is an error) and the confidence thresholds along the pipeline checked.
@@ -196,7 +192,7 @@ def check_kernel_params(loaded: LoadedSpec, plan) -> list[str]:
             label = f"cut '{step.name}' kernels[{i}] ({k.contract})"
             try:
                 contract = load_contract(str(k.contract), spec_dir=loaded.folder)
-                kernels.append((label, contract, resolve_params(contract, k.params, _facts(plan, step))))
+                kernels.append((label, contract, resolve_params(contract, k.params, plan.kernel_facts(step))))
             except KernelError as e:
                 raise KernelError(f"{loaded.path}: {label}: {e}") from None
     try:
@@ -249,7 +245,7 @@ def compile_kernels(loaded: LoadedSpec, plan) -> dict[str, list]:
     out = {}
     for step in (*plan.sites, *plan.added):
         out[step.name] = compile_site_kernels(
-            [(k.contract, k.params) for k in step.kernels], _facts(plan, step),
+            [(k.contract, k.params) for k in step.kernels], plan.kernel_facts(step),
             sm=spec.target.resolved_sm, options=spec.compile.options, fast_math=spec.compile.fast_math,
             debug=spec.compile.debug, cache_dir=spec.compile.cache_dir, spec_dir=loaded.folder)
     return out

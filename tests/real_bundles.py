@@ -37,7 +37,7 @@ def photos(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def spec(model: Path, gpu_letterbox: bool, out: Path, sm: int) -> dict:
+def spec(model: Path, gpu_letterbox: bool, out: Path, sm: int, precision: str = "fp32") -> dict:
     inputs = {"images": {"shape": ["batch", 3, "height", "width"], "buckets": [1, 2],
                          "profile": {"min": [1, 3, SIZE, SIZE], "opt": [1, 3, SIZE, SIZE], "max": [2, 3, SIZE, SIZE]}}}
     cuts = [{"name": "decode", "preset": "yolov8_decode",
@@ -51,7 +51,7 @@ def spec(model: Path, gpu_letterbox: bool, out: Path, sm: int) -> dict:
         cuts.insert(0, {"name": "letterbox", "add": "before", "at": "images",
                         "kernels": [{"contract": "letterbox", "params": {"size": SIZE}}]})
     return {"name": out.name, "model": {"path": str(model)}, "target": {"sm": sm}, "inputs": inputs,
-            "engine": {"precision": "fp32"}, "cuts": cuts,
+            "engine": {"precision": precision}, "cuts": cuts,
             "validation": {"samples": 1, "data": {"random": {"ranges": {"images": [0.0, 1.0], "raw_images": [0, 255]}}}},
             "bundle": {"path": str(out)}}
 

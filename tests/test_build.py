@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import REPO, YOLOV8N_T4, run_cli
 
@@ -121,6 +122,35 @@ def test_publish_refused_by_policy(write_spec, tmp_path):
     with pytest.raises(StoreError, match="kernels"):
         build_pipeline(spec)
     assert read_bundle(tmp_path / "out/yolov8n_t4").digest  # the bundle is fine, only the push is refused
+
+
+@pytest.mark.slow  # a full build (the shared one)
+def test_an_fp16_bundle_carries_the_head_maps_in_fp16_from_the_engine_to_the_decode(t4_build):
+    """The example is fp16: the segment's outputs at the decode boundary, the decode's inputs, its dtype
+    param, its cubin's symbol and the plan TensorRT-RTX built (where installed) are all fp16; the
+    pipeline's own inputs and outputs, and what the decode hands the nms, keep their dtypes."""
+    bundle = read_bundle(Path(t4_build.spec.path).parent / "out/yolov8n_t4")
+    segment, decode, nms = bundle.steps
+    assert [t.dtype for t in segment.outputs] == [t.dtype for t in decode.inputs] == ["float16"] * 6
+    assert [t.dtype for t in segment.inputs] == ["float32"] and [t.dtype for t in nms.inputs] == ["float32"]
+    assert [t.dtype for t in bundle.outputs] == ["int32", "float32", "float32", "int32"]
+    (kernel,) = decode.kernels
+    assert kernel.params["dtype"] == "float16" and "__half" in bundle.compiled(kernel).symbol("decode")
+    segment_onnx = bundle.onnx(bundle.engine.segments["segment"][0])
+    assert {o.type.tensor_type.elem_type for o in segment_onnx.graph.output} == {onnx.TensorProto.FLOAT16}
+    for plan in bundle.engine.plans.get("segment", ()):
+        assert {o["dtype"] for o in plan.outputs} == {"float16"} and [i["dtype"] for i in plan.inputs] == ["float32"]
+
+
+@pytest.mark.parametrize("precision, head_dtype", [("fp32", "float32"), ("fp16", "float16")])
+def test_dry_run_plan_hands_the_decode_the_engines_dtype(write_spec, precision, head_dtype):
+    spec = _spec(write_spec, **{"precision: fp16": f"precision: {precision}"})
+    r = run_cli("build", str(spec), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    segment, decode, nms = json.loads(r.stdout)["plan"]
+    assert {t["dtype"] for t in segment["outputs"]} == {t["dtype"] for t in decode["inputs"]} == {head_dtype}
+    assert decode["facts"].get("input_dtype", "float32") == head_dtype
+    assert {t["dtype"] for t in nms["inputs"]} == {"float32"}
 
 
 @pytest.mark.parametrize("layout,dynamic", [("split", False), ("separate", True)])

@@ -55,8 +55,9 @@ def test_the_build_table_shows_tensors_the_engine_and_each_outputs_gate(t4_build
     print_build(t4_build)
     out = capsys.readouterr().out
     lines = out.splitlines()
-    # tensor names whole (a pipe is not cut at 80 columns), with dtype and shape
-    assert any("/model.22/cv2.0/cv2.0.2/Conv_output_0 float32 ['batch', 64, 80, 80]" in line for line in lines)
+    # tensor names whole (a pipe is not cut at 80 columns), with dtype (the fp16 engine hands the decode
+    # fp16 head maps) and shape
+    assert any("/model.22/cv2.0/cv2.0.2/Conv_output_0 float16 ['batch', 64, 80, 80]" in line for line in lines)
     if RTX:
         assert "tensorrt-rtx fp16" in out and "plan segment: tensorrt-rtx" in out
     else:

@@ -192,9 +192,13 @@ def _as_bf16(t: onnx.TensorProto, original: onnx.TensorProto | None) -> onnx.Ten
 def _fold_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
     """Cast(fp32 -> low) -> Cast(-> fp32), which the fp16 pass leaves between two fp32 ops (the DFL
     Softmax and its Conv, a kept op and a graph output), becomes an Identity of the fp32 value: the
-    rounding helps nothing there. Then topologically sort (TensorRT's parser needs it)."""
+    rounding helps nothing there. A Cast to the type its input already has (a segment output stored
+    in the engine's dtype, once its producer is fp16) goes: the producer makes the output itself.
+    Then topologically sort (TensorRT's parser needs it)."""
     with G_LOGGER.suppress(G_LOGGER.ERROR):  # gs warns that numpy lacks bfloat16; types are kept
         graph = gs.import_onnx(model)
+    for node in list(graph.nodes):
+        _drop_if_no_op_cast(graph, node)
     for node in graph.nodes:
         if node.op != "Cast" or node.attrs.get("to") != TensorProto.FLOAT:
             continue
@@ -207,6 +211,22 @@ def _fold_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.cleanup().toposort()
     with G_LOGGER.suppress(G_LOGGER.ERROR):
         return gs.export_onnx(graph, do_type_check=False)
+
+
+def _drop_if_no_op_cast(graph: gs.Graph, node: gs.Node) -> None:
+    if node.op != "Cast" or len(node.inputs) != 1 or not isinstance(node.inputs[0], gs.Variable):
+        return
+    mid, out = node.inputs[0], node.outputs[0]
+    if len(mid.inputs) != 1 or len(mid.outputs) != 1 or mid in graph.outputs or mid.dtype is None:
+        return
+    try:
+        same = np.dtype(helper.tensor_dtype_to_np_dtype(node.attrs.get("to"))) == np.dtype(mid.dtype)
+    except (TypeError, KeyError, ValueError):
+        return
+    if same:
+        producer = mid.inputs[0]
+        node.outputs.clear()
+        producer.outputs[producer.outputs.index(mid)] = out
 
 
 def _opset(model: onnx.ModelProto) -> int:

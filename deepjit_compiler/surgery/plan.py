@@ -108,14 +108,20 @@ class AddedStage:
 
 Step = Segment | KernelSite | AddedStage
 
+# Facts about one site's own tensors, which an added stage does not inherit (it has tensors of its own).
+SITE_OWN_FACTS = frozenset({"input_dtype"})
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Plan:
-    """The pipeline in run order. A step reads pipeline inputs or outputs of earlier steps by name."""
+    """The pipeline in run order. A step reads pipeline inputs or outputs of earlier steps by name.
+    `model_dtypes`: the tensors handed between steps in another dtype than the model's (a segment's
+    fp16 outputs for the kernel after it), with the model's dtype."""
 
     steps: tuple[Step, ...]
     inputs: tuple[TensorSig, ...]
     outputs: tuple[TensorSig, ...]
+    model_dtypes: Mapping[str, str] = field(default_factory=dict)
 
     def step(self, name: str) -> Step:
         for s in self.steps:
@@ -134,6 +140,15 @@ class Plan:
     @property
     def added(self) -> tuple[AddedStage, ...]:
         return tuple(s for s in self.steps if isinstance(s, AddedStage))
+
+    def kernel_facts(self, step: KernelSite | AddedStage) -> dict[str, Any]:
+        """What fills a step's inferable kernel params: a cut site's own facts; for an added stage, its
+        params over the sites' facts (NMS sizes its buffers by the decode's anchor count), less the
+        dtype a site's own inputs have."""
+        if isinstance(step, KernelSite):
+            return dict(step.facts)
+        sites = {k: v for site in self.sites for k, v in site.facts.items() if k not in SITE_OWN_FACTS}
+        return {**sites, **step.params}
 
     def summary(self) -> list[dict[str, Any]]:
         return [{"name": s.name, "kind": s.kind, "inputs": [t.to_dict() for t in s.inputs],

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..graph.casts import round_through
 from ..graph.ort import random_array
 from ..graph.steps import StepRunner, WiringError
 from ..graph.tensors import TensorSig
@@ -120,12 +121,16 @@ def check_reassembly(plan: Plan, original: onnx.ModelProto, feeds: Sequence[Mapp
                      batch: int = 1, dims: Mapping[str, int] | None = None) -> ReassemblyReport:
     """Run the plan's pieces and the original model (both wrapped in the added stages) on `feeds` (the
     validation data) and compare every pipeline output bit for bit. Without feeds, on `samples` seeded
-    random inputs whose symbolic dims not in `dims` take random sizes (the surgery tests' shapes)."""
+    random inputs whose symbolic dims not in `dims` take random sizes (the surgery tests' shapes).
+    Where the plan hands a tensor over in another dtype than the model's (plan.model_dtypes), the
+    original stores it in that dtype too, so what is checked is the cut, not that rounding."""
     t0 = time.perf_counter()
     if feeds is None:
         rng = np.random.default_rng(seed)
         feeds = [_feed(plan.inputs, rng, batch, input_ranges or {}, dims or {}) for _ in range(samples)]
     boundary = [t.name for s in plan.steps if not isinstance(s, AddedStage) for t in s.outputs]
+    stored = {t.name: t.dtype for s in plan.segments for t in s.outputs if t.name in plan.model_dtypes}
+    original = round_through(original, stored, plan.model_dtypes) if stored else original
     reference = StepRunner([*((s.name, s.reference) for s in plan.added if s.position == "before"),
                             ("original model", _with_outputs(original, boundary)),
                             *((s.name, s.reference) for s in plan.added if s.position == "after")])
@@ -171,7 +176,8 @@ def _rows(feeds) -> int:
 
 def graph_level(plan, model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]]) -> LevelResult:
     """Reassembly on the validation data: segments + references wired in order equal the original,
-    bit for bit (fp32)."""
+    bit for bit (fp32, and tensors the plan hands over in the engine's dtype stored so in the
+    original too)."""
     rep = check_reassembly(plan, model, feeds)
     if rep.error:
         return LevelResult("graph", "failed", rep.error)

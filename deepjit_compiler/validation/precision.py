@@ -31,8 +31,12 @@ def precision_stage(spec, plan, model: onnx.ModelProto, feeds, report_dir: Path 
     if e.precision == "fp32":
         return segments, LevelResult("precision", "passed", "fp32: engine segments are the model's own")
     # ONNX Runtime's CPU kernels would hide fp16 rounding (and lack bf16 convs): run an fp32 twin
-    # that rounds every low-precision tensor where the rewritten graph stores one.
+    # that rounds every low-precision tensor where the rewritten graph stores one. The references of
+    # kernels handed fp16 tensors (plan.model_dtypes) take them through their twins too, which round
+    # on entry what the segments' twins give as fp32.
     twins = {name: emulate_in_fp32(m) for name, m in segments.items()}
+    twins.update({s.name: emulate_in_fp32(s.reference) for s in (*plan.sites, *plan.added)
+                  if any(t.name in plan.model_dtypes for t in s.inputs)})
     with Progress("precision level", len(feeds), unit="samples", logger="deepjit.precision") as progress:
         level = compare_runs("precision", reference_runner(plan, model, "fp32"),
                              pipeline_runner(plan, twins, e.precision, progress.advance), feeds,

@@ -2,6 +2,7 @@
 versions recorded, options from the spec, and compile errors mapped back to the template."""
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -78,12 +79,31 @@ def test_decode_output0_twin_of_each_example_pipeline_compiles(pipeline, tmp_pat
     from deepjit_compiler.jit.contracts import load_contract
     from deepjit_compiler.spec.load import load_spec
 
-    (ref,) = [k for cut in load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts for k in cut.kernels
-              if k.contract == "yolov8_decode"]
+    cuts = load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts
+    (ref,) = [k for cut in cuts for k in cut.kernels if k.contract == "yolov8_decode"]
     twin = load_contract("yolov8_decode").model.roles.twin
     assert twin == {"mode": "output0", "lanes_per_anchor": 1}
     k = compile_site_kernel("yolov8_decode", {**ref.params, **twin}, FACTS, sm=90, cache_dir=tmp_path)
     assert k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<float>"),)
+
+
+@pytest.mark.parametrize("pipeline, sm", [("yolov8_t4", 75), ("yolov8_h200", 90)])
+def test_each_example_pipelines_decode_reads_fp16_head_maps_from_an_fp16_site(pipeline, sm, tmp_path):
+    """An fp16 build hands the decode fp16 head maps (facts input_dtype, precision/boundaries.py): the
+    spec's decode and its twin, the dtype inferred, compile for the target with 16-bit loads only."""
+    from deepjit_compiler.spec.load import load_spec
+
+    cuts = load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts
+    (ref,) = [k for cut in cuts for k in cut.kernels if k.contract == "yolov8_decode"]
+    fp16 = {**FACTS, "input_dtype": "float16"}
+    for params in (ref.params, {**ref.params, "mode": "output0", "lanes_per_anchor": 1}):
+        k = compile_site_kernel("yolov8_decode", params, fp16, sm=sm, cache_dir=tmp_path)
+        assert k.params["dtype"] == "float16" and "6__half" in k.symbol("decode") and f".target sm_{sm}" in k.ptx
+        loads = re.findall(r"ld\.global[.\w]*", k.ptx)
+        assert loads and not [x for x in loads if x.endswith("f32")], loads  # the head maps are read as halves
+        assert "cvt.f32.f16" in k.ptx
+        k32 = compile_site_kernel("yolov8_decode", params, FACTS, sm=sm, cache_dir=tmp_path)
+        assert [x for x in re.findall(r"ld\.global[.\w]*", k32.ptx) if x.endswith("f32")]  # and as floats from fp32
 
 
 def test_compiled_kernel_record_round_trips(t4_kernels):

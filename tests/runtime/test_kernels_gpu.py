@@ -60,15 +60,18 @@ def target(request, gpu):
 
 
 @lru_cache(maxsize=None)
-def decode_site(head_layout: str = "separate", dynamic: bool = False):
-    """(reference subgraph, facts, input signatures) of the decode cut from a synthetic YOLOv8n."""
+def decode_site(head_layout: str = "separate", dynamic: bool = False, precision: str = "fp32"):
+    """(reference subgraph, facts, input signatures) of the decode cut from a synthetic YOLOv8n; with
+    precision fp16, as an fp16 build has it: the head maps handed over in fp16, the reference taking
+    them so and the facts saying so (precision/boundaries.py)."""
     from deepjit_compiler.model.synth import synthesize_yolov8
+    from deepjit_compiler.precision.boundaries import plan_at_precision
     from deepjit_compiler.surgery.cut import plan_from_model
     from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
 
     model = synthesize_yolov8("yolov8n", seed=0, dynamic=dynamic, head_layout=head_layout)
     plan = plan_from_model(model, [CutRequest("decode", preset="yolov8_decode", kernels=[KernelRequest("yolov8_decode")])])
-    site = plan.sites[0]
+    site = plan_at_precision(plan, precision).sites[0]
     return site.reference, dict(site.facts), site.inputs
 
 
@@ -102,10 +105,10 @@ def head_maps(rng: np.random.Generator, batch: int, size=(640, 640), dtype=np.fl
     return [{k: v.astype(dtype) for k, v in lv.items()} for lv in levels]
 
 
-def site_feed(maps, facts) -> dict[str, np.ndarray]:
-    """Reference feed: site tensor names -> maps (the reference graph is fp32), by the preset's own
-    record of which head map is which (facts["head_inputs"])."""
-    return {h["name"]: maps[h["level"]][h["role"]].astype(np.float32) for h in facts["head_inputs"]}
+def site_feed(maps, facts, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Reference feed: site tensor names -> maps in `dtype` (what the reference graph takes: fp32, or
+    fp16 for an fp16 build's), by the preset's own record of which head map is which (facts["head_inputs"])."""
+    return {h["name"]: maps[h["level"]][h["role"]].astype(dtype) for h in facts["head_inputs"]}
 
 
 def per_level_names(facts) -> dict[str, str]:
@@ -219,6 +222,22 @@ def test_decode_fp16_inputs(gpu, target, cache):
     assert_close(results, atol=2e-3, rtol=1e-5)
 
 
+@pytest.mark.parametrize("batch", [1, 8])
+def test_decode_output0_on_fp16_head_maps_matches_the_fp16_builds_reference(gpu, target, cache, batch):
+    """An fp16 build hands the decode fp16 head maps: its twin (mode output0), with the dtype inferred
+    from the site's facts, against the reference as that build has it (fp16 inputs)."""
+    ref, facts, inputs = decode_site(precision="fp16")
+    assert facts["input_dtype"] == "float16" and {t.dtype for t in inputs} == {"float16"}
+    rng = np.random.default_rng([batch, 16])
+    feeds = [site_feed(head_maps(rng, batch, dtype=np.float16), facts, np.float16) for _ in range(2)]
+    compiled = build("yolov8_decode", {"mode": "output0"}, facts, target, cache)
+    assert compiled.params["dtype"] == "float16"
+    results, _, test_out = run_both(ort_runner(ref, "onnxrt-cut-subgraph-fp16-inputs"),
+                                    decode_runner(gpu, compiled, facts, inputs, target[1], dtype=np.float16), feeds)
+    assert not np.isnan(test_out[0]["output0"]).any()
+    assert_close(results, atol=2e-3, rtol=1e-5)
+
+
 def test_decode_dynamic_sizes_compute_anchors_in_kernel(gpu, cache):
     ref, facts, inputs = decode_site(dynamic=True)
     assert facts["anchors_source"] == "computed"
@@ -323,6 +342,28 @@ def test_decode_then_nms_match_reference_detections(gpu, target, cache, batch, c
     for r, t in zip(ref_iters, test_iters):
         total, images = match_detections(r, t)
         assert total >= images * min(params["max_det"], 5)  # the NMS had real work in every image
+
+
+@pytest.mark.parametrize("decode_way", list(DECODE_WAYS))
+@pytest.mark.parametrize("batch", [1, 2, 4, 8])
+def test_decode_then_nms_on_fp16_head_maps_match_the_fp16_builds_reference(gpu, target, cache, batch, decode_way):
+    """The T4 and H200 specs are fp16: the decode reads the engine's fp16 head maps (its dtype inferred
+    from the site's facts) and the pair equals the fp16 build's references, every batch bucket."""
+    ref, facts, inputs = decode_site(precision="fp16")
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
+    decode = build("yolov8_decode", {"mode": "candidates", "conf_threshold": 0.25, **DECODE_WAYS[decode_way]},
+                   facts, target, cache)
+    assert decode.params["dtype"] == "float16"
+    nms = build("nms", params, facts, target, cache)
+    rng = np.random.default_rng([batch, 1616])
+    maps = [head_maps(rng, batch, dtype=np.float16) for _ in range(2)]
+    assert all(0.01 < score_fraction(m) < 0.08 for m in maps), [score_fraction(m) for m in maps]
+    reference = ort_runner(merged_reference(ref, nms_reference(NC, **params)), "onnxrt-fp16-cut-subgraph+nms-reference")
+    _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, decode, nms, inputs, target[1]),
+                                        [site_feed(m, facts, np.float16) for m in maps])
+    for r, t in zip(ref_iters, test_iters):
+        total, images = match_detections(r, t)
+        assert total >= images * 5  # the NMS had real work in every image
 
 
 def candidates_from_output0(output0: np.ndarray, conf: float, capacity: int):

@@ -5,16 +5,37 @@ here: the same classes, boxes within 1 px of the original image. On the CPU (`--
 every machine; on a GPU (the gpu tests) with the letterbox on the host and on the GPU."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from real_bundles import CONF, IOU, SIZE  # the model, photos and bundles: fixtures in conftest.py
+import yaml
+from real_bundles import CONF, IOU, SIZE, spec  # the model, photos and bundles: fixtures in conftest.py
 
+from deepjit_compiler import build as build_module
+from deepjit_compiler.build import build_pipeline
+from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.runtime import gpu as gpu_mod
 from deepjit_compiler.runtime.run import run_bundle
 from deepjit_compiler.surgery.references import letterbox_numpy
+from deepjit_compiler.validation.gate import not_run
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle(real_model, photos, tmp_path_factory) -> Path:
+    """An fp16 bundle of the model (host letterbox), its levels on the photos: the engine hands the
+    decode its head maps in fp16."""
+    folder = tmp_path_factory.mktemp("real-fp16")
+    sm = gpu_mod.Gpu().sm if gpu_mod.available() else 75
+    body = spec(real_model, False, folder / "out" / "fp16", sm, precision="fp16")
+    body["validation"].update({"samples": len(photos), "data": {"folder": str(next(iter(photos.values())).parent)}})
+    (folder / "fp16.yaml").write_text(yaml.safe_dump(body))
+    with pytest.MonkeyPatch.context() as mp:  # the GPU levels are the validation tests'
+        mp.setattr(build_module, "gpu_levels", lambda path, spec, *_: [not_run("kernels", "test"),
+                                                                       not_run("end_to_end", "test")])
+        return build_pipeline(folder / "fp16.yaml", publish=False).bundle.path
 
 
 # ----------------------------------------------------------------------------- the oracle
@@ -75,12 +96,32 @@ def test_cpu_run_of_a_trained_model_equals_onnxruntime(real_bundles, real_model,
         assert_same(record, *expected(real_model, png))
 
 
+def test_fp16_bundle_of_a_trained_model_hands_the_decode_fp16_and_equals_onnxruntime(fp16_bundle, real_model, photos):
+    """The head maps stay fp16 from the engine to the decode; the graph level (the cut, with that
+    boundary stored in fp16 on the model's side too) and the precision level (against the fp32 model,
+    on the photos) pass, and the CPU run gives the fp32 model's detections."""
+    view = read_bundle(fp16_bundle)
+    segment, decode = view.step("segment"), view.step("decode")
+    assert {t.dtype for t in segment.outputs} == {t.dtype for t in decode.inputs} == {"float16"}
+    assert [k.params["dtype"] for k in decode.kernels] == ["float16"]
+    levels = view.levels
+    assert levels["graph"]["status"] == "passed" and levels["precision"]["status"] == "passed"
+    assert all(o["detail"] == "bit-identical" for o in levels["graph"]["outputs"].values())
+    detections = levels["precision"]["outputs"]["detections"]
+    found = re.search(r"in total over \d+ images: (\d+)/(\d+) matched", detections["detail"])
+    assert detections["detail"].startswith("passed"), detections
+    assert found and found[1] == found[2] and int(found[1]) > 0, detections
+    result = run_bundle(fp16_bundle, list(photos.values()), device="cpu")
+    for record, png in zip(result["results"], photos.values()):
+        assert_same(record, *expected(real_model, png))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["host_letterbox", "gpu_letterbox"])
-def test_gpu_run_of_a_trained_model_equals_onnxruntime(real_bundles, real_model, photos, variant):
+@pytest.mark.parametrize("variant", ["host_letterbox", "gpu_letterbox", "fp16"])
+def test_gpu_run_of_a_trained_model_equals_onnxruntime(real_bundles, fp16_bundle, real_model, photos, variant):
     if not gpu_mod.available():
         pytest.skip("needs an NVIDIA GPU")
-    result = run_bundle(real_bundles[variant], list(photos.values()))
+    result = run_bundle(fp16_bundle if variant == "fp16" else real_bundles[variant], list(photos.values()))
     if ort.get_device() == "GPU":
         assert result["engine"].startswith("cuda (ONNX Runtime") and "tf32 off" in result["engine"]
     for record, png in zip(result["results"], photos.values()):

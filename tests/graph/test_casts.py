@@ -1,0 +1,70 @@
+"""graph/casts.py: boundary tensors stored in another float dtype, on ONNX Runtime's CPU provider."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest_models import chain_model
+
+from deepjit_compiler.graph.casts import cast_inputs, cast_outputs, round_through
+from deepjit_compiler.graph.ort import ort_session
+
+F16 = onnx.TensorProto.FLOAT16
+
+
+def run(model: onnx.ModelProto, feed: dict) -> dict[str, np.ndarray]:
+    onnx.checker.check_model(model)  # also checks the node order
+    sess = ort_session(model)
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+
+
+def x_feed(seed: int = 0) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).uniform(-2, 2, (2, 4, 8, 8)).astype(np.float32)}
+
+
+def test_cast_outputs_stores_the_output_rounded_to_fp16():
+    model = chain_model()
+    want = run(model, x_feed())["y"]
+    m16 = cast_outputs(model, {"y": "float16"})
+    assert [o.type.tensor_type.elem_type for o in m16.graph.output] == [F16]
+    got = run(m16, x_feed())["y"]
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want.astype(np.float16))
+    assert not np.array_equal(got.astype(np.float32), want)  # the rounding is real on these values
+
+
+def test_cast_inputs_takes_fp16_and_computes_as_before_on_its_values():
+    model = chain_model()
+    x16 = x_feed(1)["x"].astype(np.float16)
+    m16 = cast_inputs(model, {"x": "float16"})
+    assert [i.type.tensor_type.elem_type for i in m16.graph.input] == [F16]
+    np.testing.assert_array_equal(run(m16, {"x": x16})["y"], run(model, {"x": x16.astype(np.float32)})["y"])
+
+
+def test_round_through_rounds_an_inner_tensor_where_it_is_made():
+    model = chain_model()
+    with_a = onnx.ModelProto()
+    with_a.CopyFrom(model)
+    with_a.graph.output.append(onnx.helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, ["N", 8, 8, 8]))
+    exact = run(with_a, x_feed(2))
+    m = round_through(with_a, {"a": "float16"}, {"a": "float32"})
+    got = run(m, x_feed(2))
+    assert got["a"].dtype == np.float16  # the tensor under its own name is the stored value
+    np.testing.assert_array_equal(got["a"], exact["a"].astype(np.float16))
+    # what reads it gets the rounded value back in fp32: the same as the model fed that value
+    cut = cast_inputs(onnx.utils.Extractor(onnx.shape_inference.infer_shapes(model)).extract_model(["a"], ["y"]),
+                      {"a": "float16"})
+    np.testing.assert_array_equal(got["y"], run(cut, {"a": got["a"]})["y"])
+    assert not np.array_equal(got["y"], exact["y"])
+
+
+def test_bad_names_and_dtypes_are_refused():
+    model = chain_model()
+    with pytest.raises(ValueError, match="no graph output named 'z'; outputs: y"):
+        cast_outputs(model, {"z": "float16"})
+    with pytest.raises(ValueError, match="no graph input named 'y'; inputs: x"):
+        cast_inputs(model, {"y": "float16"})
+    with pytest.raises(ValueError, match="cannot store a tensor as 'int8'"):
+        cast_outputs(model, {"y": "int8"})
+    with pytest.raises(ValueError, match="no node of graph 'test' makes it"):
+        round_through(model, {"x": "float16"}, {"x": "float32"})

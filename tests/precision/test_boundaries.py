@@ -1,0 +1,141 @@
+"""precision/boundaries.py: an fp16 engine hands the decode its head maps in fp16, decided by the
+contracts (not by kernel names), and every CPU level runs the typed plan."""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+
+from deepjit_compiler.config import data_dir
+from deepjit_compiler.graph.steps import StepRunner
+from deepjit_compiler.jit.contracts import load_contract, resolve_params
+from deepjit_compiler.model.synth import synthesize_yolov8
+from deepjit_compiler.precision.boundaries import boundary_dtypes, plan_at_precision
+from deepjit_compiler.precision.rewrite import apply_precision
+from deepjit_compiler.surgery.cut import plan_from_model
+from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
+from deepjit_compiler.validation.graph import check_reassembly
+
+F16, F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+HEADS = [f"/model.22/cv{k}.{i}/cv{k}.{i}.2/Conv_output_0" for k in (2, 3) for i in range(3)]
+
+
+@lru_cache(maxsize=1)
+def model() -> onnx.ModelProto:
+    return synthesize_yolov8("yolov8n", seed=0)
+
+
+def plan(decode_params=None, decode_contract="yolov8_decode"):
+    params = {"mode": "candidates", **(decode_params or {})}
+    cuts = [CutRequest("decode", preset="yolov8_decode", kernels=[KernelRequest(decode_contract, params)]),
+            CutRequest("nms", add="after", at="output0", kernels=[KernelRequest("nms", {})])]
+    return plan_from_model(model(), cuts)
+
+
+@pytest.fixture(scope="module")
+def fp32_plan():
+    return plan()
+
+
+@pytest.fixture(scope="module")
+def fp16_plan(fp32_plan):
+    return plan_at_precision(fp32_plan, "fp16")
+
+
+def elem_types(vis) -> dict[str, int]:
+    return {vi.name: vi.type.tensor_type.elem_type for vi in vis}
+
+
+def fp32_only_copy(folder: Path) -> Path:
+    """A user's copy of yolov8_decode whose dtype param allows float32 only."""
+    folder.mkdir(exist_ok=True)
+    data = yaml.safe_load((data_dir("kernels") / "yolov8_decode.yaml").read_text())
+    data["name"], data["params"]["dtype"]["allowed"] = "fp32_decode", ["float32"]
+    (folder / "fp32_decode.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return folder / "fp32_decode.yaml"
+
+
+def test_an_fp16_engine_hands_the_head_maps_over_in_fp16(fp32_plan, fp16_plan):
+    seg, site, nms = fp16_plan.segments[0], fp16_plan.sites[0], fp16_plan.added[0]
+    assert sorted(t.name for t in seg.outputs) == sorted(HEADS)
+    assert {t.dtype for t in seg.outputs} == {t.dtype for t in site.inputs} == {"float16"}
+    assert set(elem_types(seg.model.graph.output).values()) == set(elem_types(site.reference.graph.input).values()) \
+        == {F16}
+    assert fp16_plan.model_dtypes == dict.fromkeys(HEADS, "float32")
+    # the kernel reads what the segment makes: its dtype param is inferred from the site's facts
+    assert site.facts["input_dtype"] == "float16" and {t["dtype"] for t in site.facts["inputs"]} == {"float16"}
+    contract = load_contract("yolov8_decode")
+    assert resolve_params(contract, site.kernels[0].params, fp16_plan.kernel_facts(site))["dtype"] == "float16"
+    # past the decode nothing changes: nms reads output0 in fp32, and does not inherit the site's dtype
+    assert nms.inputs == fp32_plan.added[0].inputs and nms.reference is fp32_plan.added[0].reference
+    assert "input_dtype" not in fp16_plan.kernel_facts(nms)
+    assert [t.dtype for t in fp16_plan.outputs] == [t.dtype for t in fp32_plan.outputs]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
+def test_other_precisions_keep_the_models_boundaries(fp32_plan, precision):
+    assert plan_at_precision(fp32_plan, precision) is fp32_plan
+
+
+def test_a_kernel_that_reads_fp32_keeps_its_boundary_fp32(tmp_path):
+    # set in the spec, or the only dtype a user's contract allows: the boundary follows the contract
+    explicit = plan({"dtype": "float32"})
+    assert plan_at_precision(explicit, "fp16") is explicit
+    users = plan(decode_contract=str(fp32_only_copy(tmp_path)))
+    assert plan_at_precision(users, "fp16") is users
+
+
+def test_two_kernels_that_disagree_on_a_tensor_both_read_the_models_dtype(fp32_plan, tmp_path):
+    site = fp32_plan.sites[0]
+    other = dataclasses.replace(site, name="decode_fp32",
+                                kernels=(KernelRequest(str(fp32_only_copy(tmp_path)), {"mode": "output0"}),))
+    steps = list(fp32_plan.steps)
+    steps.insert(steps.index(site) + 1, other)
+    both = dataclasses.replace(fp32_plan, steps=tuple(steps))
+    assert boundary_dtypes(both, "float16") == ({}, set())  # the decode would read fp16, its neighbour cannot
+    alone = boundary_dtypes(fp32_plan, "float16")
+    assert alone == (dict.fromkeys(HEADS, "float16"), {"decode"})
+
+
+def test_the_fp16_segment_makes_its_outputs_in_the_convs(fp32_plan, fp16_plan):
+    typed = apply_precision(fp16_plan.segments[0].model, "fp16", keep_fp32=["Softmax"])
+    before = apply_precision(fp32_plan.segments[0].model, "fp16", keep_fp32=["Softmax"])
+    onnx.checker.check_model(typed)
+    assert set(elem_types(typed.graph.output).values()) == {F16}
+    assert set(elem_types(before.graph.output).values()) == {F32}
+    makers = {o: n.op_type for n in typed.graph.node for o in n.output}
+    assert {makers[h] for h in HEADS} == {"Conv"}  # no Cast left between the conv and the kernel
+    casts = lambda m: Counter(n.op_type for n in m.graph.node)["Cast"]  # noqa: E731
+    assert casts(typed) == casts(before) - len(HEADS)
+
+
+def heads_of(plan_, feed):
+    return StepRunner([(plan_.segments[0].name, plan_.segments[0].model)]).tensors(feed)
+
+
+def test_the_sites_reference_takes_fp16_and_computes_as_the_cut_on_those_values(fp32_plan, fp16_plan):
+    rng = np.random.default_rng(5)
+    feed = {"images": rng.uniform(0, 1, (2, 3, 640, 640)).astype(np.float32)}
+    heads = heads_of(fp16_plan, feed)
+    assert {heads[h].dtype for h in HEADS} == {np.dtype(np.float16)}
+    exact = heads_of(fp32_plan, feed)
+    for h in HEADS:  # the fp32 segment's values, stored in fp16
+        np.testing.assert_array_equal(heads[h], exact[h].astype(np.float16))
+    typed = StepRunner([("decode", fp16_plan.sites[0].reference)]).tensors({h: heads[h] for h in HEADS})
+    cut = StepRunner([("decode", fp32_plan.sites[0].reference)]).tensors({h: heads[h].astype(np.float32) for h in HEADS})
+    np.testing.assert_array_equal(typed["output0"], cut["output0"])
+
+
+def test_the_graph_level_checks_the_cut_with_the_boundary_stored_in_fp16(fp16_plan):
+    report = check_reassembly(fp16_plan, model(), seed=3, samples=1, input_ranges={"images": (0.0, 1.0)})
+    assert report.passed, report.describe()
+    # without the same rounding on the model's side the pieces differ: the check sees the fp16 boundary
+    unrounded = check_reassembly(dataclasses.replace(fp16_plan, model_dtypes={}), model(), seed=3, samples=1,
+                                 input_ranges={"images": (0.0, 1.0)})
+    assert not unrounded.passed and unrounded.first_mismatch.startswith("step 'segment' output '/model.22/")
