@@ -72,9 +72,7 @@ def print_build(result) -> None:
         levels.add_column(col)
     style = {"passed": "green", "failed": "bold red", "not_run": "yellow"}
     for name, lv in d["validation"]["levels"].items():
-        lines = [lv.get("reason", "")] + [f"{o}: {_figures(r)}" + (f"; {_rule(r['tolerance'])}" if r.get("tolerance")
-                                                                   else "") for o, r in lv.get("outputs", {}).items()]
-        levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", "\n".join(x for x in lines if x))
+        levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", _outputs_detail(lv))
     out.print(levels)
     if d["bundle"]:
         where = "REJECTED, written to" if d["rejected"] else "bundle"
@@ -95,10 +93,12 @@ _STATISTIC = {"elemwise": "per element", "max": "on the max", "mean": "on the me
 
 
 def _figures(o: Mapping[str, Any]) -> str:
+    """An output's record in a line; a field an older bundle's record lacks reads as 0."""
     if o.get("detail"):
         return o["detail"]
-    return (f"max abs {o['max_abs']:.3g} (median {o['median_abs']:.3g}), "
-            f"max rel {o['max_rel']:.3g} (median {o['median_rel']:.3g}), {'passed' if o['passed'] else 'FAILED'}")
+    f = {k: o.get(k, 0) for k in ("max_abs", "median_abs", "max_rel", "median_rel")}
+    return (f"max abs {f['max_abs']:.3g} (median {f['median_abs']:.3g}), "
+            f"max rel {f['max_rel']:.3g} (median {f['median_rel']:.3g}), {'passed' if o.get('passed') else 'FAILED'}")
 
 
 def _rule(t: Mapping[str, Any]) -> str:
@@ -203,11 +203,10 @@ def _params(params: Mapping[str, Any]) -> str:
 
 
 def _outputs_detail(level: Mapping[str, Any]) -> str:
-    """A level's reason, then each output's figures."""
+    """A level's reason, then each output's figures and the rule it was held to (build and inspect)."""
     lines = [str(level.get("reason") or "")]
     for name, o in (level.get("outputs") or {}).items():
-        lines.append(f"{name}: " + (o.get("detail") or f"max abs {o.get('max_abs', 0):.3g}, "
-                                    f"median abs {o.get('median_abs', 0):.3g}"))
+        lines.append(f"{name}: {_figures(o)}" + (f"; {_rule(o['tolerance'])}" if o.get("tolerance") else ""))
     return "\n".join(line for line in lines if line)
 
 

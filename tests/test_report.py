@@ -46,6 +46,7 @@ def test_inspect_bundle_prints_tables_and_json(t4_build):
         assert title in text
     assert "sm_75 cubin (" in text and "compute_75 PTX (" in text and ("tensorrt-rtx fp16: plan engines/segment.rtx.plan" if RTX else "tensorrt fp16: plan deferred") in text
     assert "num_classes=80" in text and "output0: max abs" in text and "engines/segment.onnx" in text
+    assert "gate: abs <= 0.05 or rel <= 0.05, on the mean" in table_text(text)  # the rule, from the record
     assert "{'" not in text  # no Python dicts
     r = run_cli("inspect", str(t4_build.bundle.path), "--json")
     assert json.loads(r.stdout) == describe(t4_build.bundle.path)
