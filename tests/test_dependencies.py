@@ -9,11 +9,9 @@ import sys
 from importlib import metadata
 
 from conftest import REPO
-from test_imports import LAZY_OK
+from test_imports import HOST_PROVIDED, LAZY_OK
 
 PACKAGE = REPO / "deepjit_compiler"
-# Modules the process DeepJIT runs in provides, which no package can bring (imported lazily, where they are).
-HOST_PROVIDED = {"triton_python_backend_utils": "Triton's Python-backend stub, inside tritonserver"}
 
 
 def _norm(name: str) -> str:

@@ -86,9 +86,10 @@ LAYERS = (
     {"stagecache", "build", "materialize", "report", "cli"},
 )
 # Third-party modules a function may import on first use: optional, or heavy and on a rare path.
+# Modules the process DeepJIT runs in provides, which no package can bring (so none is declared for them).
+HOST_PROVIDED = {"triton_python_backend_utils": "Triton's Python backend's own module, importable only in its stub"}
 LAZY_OK = {"onnxruntime.tools.symbolic_shape_infer": "sympy, only when ONNX's shape inference gives up",
-           "PIL": "the optional `images` extra",
-           "triton_python_backend_utils": "Triton's Python backend's own module, importable only in its stub"}
+           "PIL": "the optional `images` extra", **HOST_PROVIDED}
 
 
 def module_name(path: Path) -> str:
