@@ -3,7 +3,8 @@
 #   bench/h200_check.sh build     build the H200 pipeline with its GPU levels, run and bench it
 #   bench/h200_check.sh compare   bench/pipeline.py: bundles against host letterbox + ONNX Runtime CUDA + torchvision
 #   bench/h200_check.sh tests     every gpu-marked test
-#   bench/h200_check.sh postprocess  bench/postprocess.py with the H200 spec's kernel settings, fp32 and fp16 head maps
+#   bench/h200_check.sh postprocess  bench/postprocess.py with the H200 spec's kernel settings, fp32 and fp16 head maps,
+#                                 and the fused decode + NMS (yolov8_decode mode nms) beside them
 #   bench/h200_check.sh t4        validate and run a T4 bundle built on a CPU box ($T4_BUNDLE)
 #   bench/h200_check.sh triton    the H200 bundle served by Triton (KIND_GPU) under load, next to `deepjit bench`
 #                                 of it, and the gpu-marked Triton test; needs the wheels bench/triton_wheels.sh
@@ -46,7 +47,7 @@ for part in "${parts[@]}"; do
     echo "== gpu tests" && python3 -m pytest -m gpu -q -ra -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -40 ;;
   postprocess)
     echo "== bench/postprocess.py" && python3 bench/postprocess.py --batches 1 8 32 --iters 200 --lanes-per-anchor 4 \
-      --anchors-per-thread 1 --nms-block 1024 --nms-chunk 512 --json "$OUT/postprocess.json" 2>&1 | tee "$OUT/postprocess.txt" ;;
+      --anchors-per-thread 1 --nms-block 1024 --nms-chunk 512 --fused --fused-block 1024 --fused-chunk 512 --json "$OUT/postprocess.json" 2>&1 | tee "$OUT/postprocess.txt" ;;
   t4)
     echo "== validate T4 bundle (PTX)" && dj validate "$T4_BUNDLE" 2>&1 | tail -12
     echo "== run T4 bundle" && dj run "$T4_BUNDLE" --input /tmp/images_b2.npy 2>&1 | tail -8 ;;

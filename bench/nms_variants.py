@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
         rounds = {name: [] for name in kernels}
         for _ in range(3):
             for name, nms in kernels.items():
-                out = bench_deepjit(gpu, decode, nms, site.facts, sets, 300, torch)
+                out = bench_deepjit(gpu, decode, nms, site, sets, 300, torch)
                 rounds[name].append((out["deepjit-graph"]["gpu_us"][0], out["deepjit nms alone (graph + copy)"]["gpu_us"][0]))
         for name, r in rounds.items():
             print(f"b{batch} {name:16s} graph {' '.join(f'{g:5.1f}' for g, _ in r)}   "

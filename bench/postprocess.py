@@ -3,6 +3,7 @@
     python3 bench/postprocess.py [--batches 1 8 32] [--iters 200] [--append bench/RESULTS.md] [--json out.json]
                                  [--head-dtypes float32 float16] [--decode-contract PATH] [--nms-contract PATH]
                                  [--spec pipelines/yolov8_t4.yaml] [--bandwidth-gbs 320] [--estimate-only]
+                                 [--fused [--fused-block 1024] [--fused-chunk 256]]
 
 --decode-contract / --nms-contract time your own contract (a kernels/*.yaml copy with its template)
 in place of the built-in one, e.g. an earlier version as the same-run baseline.
@@ -12,6 +13,8 @@ Methods, all on the same seeded head maps (per-level box [B, 64, H, W] and class
 engine hands them over, and rounded to fp16 as an fp16 engine does, precision/boundaries.py):
   deepjit-plain   decode (candidates) + nms kernels, two plain launches per inference
   deepjit-graph   the same two kernels replayed from one CUDA graph
+  deepjit-fused-* (--fused) yolov8_decode mode nms: decode and NMS in one launch (the last decode
+                  block of each image runs its NMS), plain and from a CUDA graph
   torch-eager     the way ultralytics users run it: Detect-head decode in PyTorch eager, then
                   non_max_suppression with torchvision.ops.batched_nms, all on the GPU
   onnxrt-cpu      ONNX Runtime (CPU) on the references: the cut decode subgraph + nms_reference
@@ -182,6 +185,24 @@ def bench_deepjit(gpu, decode, nms, site, inputs_sets, iters: int, torch) -> dic
         out[mode] = {"gpu_us": stats(queued_gpu_us(gpu, torch, lambda k, gs=gs: gs[k % ROTATE].replay(), iters)),
                      "wall_us": None, "kernels": 1}
     out["_dets"] = dets
+    return out
+
+
+def bench_fused(gpu, fused, site, inputs_sets, iters: int, torch) -> dict[str, dict]:
+    """yolov8_decode mode nms alone: one launch per inference, plain and replayed from a graph."""
+    aliases = site_aliases(load_contract(fused.contract_path), fused.params, site.inputs, "decode")
+    posts = [KernelChain(gpu, [(fused, aliases)], {k: gpu.upload(v) for k, v in site_feed(site, maps).items()})
+             for maps in inputs_sets]
+    launches = posts[0].launch()
+    gpu.sync()
+    graphs = [gpu.capture(p.launch) for p in posts]
+    out = {}
+    for mode, step in (("deepjit-fused-plain", lambda k: posts[k % ROTATE].launch()),
+                       ("deepjit-fused-graph", lambda k: graphs[k % ROTATE].replay())):
+        out[mode] = {"gpu_us": stats(queued_gpu_us(gpu, torch, step, iters)),
+                     "wall_us": stats(wall_us(gpu, step, min(iters, 100))),
+                     "kernels": launches if mode.endswith("plain") else f"{launches} (1 graph)"}
+    out["_dets"] = posts[0].results(["num_dets"])["num_dets"].tolist()
     return out
 
 
@@ -387,6 +408,9 @@ def main(argv=None) -> int:
                     help="the spec whose kernels' bytes are estimated (default: the T4 example)")
     ap.add_argument("--bandwidth-gbs", type=float, default=320.0, help="memory bandwidth of the estimate (T4: 320)")
     ap.add_argument("--estimate-only", action="store_true", help="print the bytes table only (no GPU needed)")
+    ap.add_argument("--fused", action="store_true", help="also time yolov8_decode mode nms (one launch)")
+    ap.add_argument("--fused-block", type=int, help="its block (decode and NMS; default: --nms-block)")
+    ap.add_argument("--fused-chunk", type=int, default=256, help="its NMS chunk")
     args = ap.parse_args(argv)
     command = f"python3 bench/postprocess.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     bandwidth = args.bandwidth_gbs * 1e9
@@ -424,6 +448,12 @@ def main(argv=None) -> int:
     nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
                                                   "block": args.nms_block, **chunk}, sites[args.head_dtypes[0]].facts,
                               sm=gpu.sm, debug=args.lineinfo)
+    fused = {}
+    if args.fused:  # the decode's own way of reading (anchors, lanes) with the NMS block
+        params = {**decode_params, "mode": "nms", "iou_threshold": IOU, "max_det": MAX_DET,
+                  "block": args.fused_block or args.nms_block, "chunk": args.fused_chunk}
+        fused = {dtype: compile_site_kernel(args.decode_contract, params, site.facts, sm=gpu.sm, debug=args.lineinfo)
+                 for dtype, site in sites.items()}
     rows, record, measured = [], {}, {}
     for batch in args.batches:
         rng = np.random.default_rng(batch)
@@ -433,6 +463,11 @@ def main(argv=None) -> int:
             typed = [typed_maps(m, dtype) for m in sets]
             ours = bench_deepjit(gpu, decode, nms, sites[dtype], typed, args.iters, torch)
             print(f"batch {batch}, {dtype} head maps: detections per image deepjit {ours.pop('_dets')[:4]}", flush=True)
+            if dtype in fused:
+                one = bench_fused(gpu, fused[dtype], sites[dtype], typed, args.iters, torch)
+                print(f"batch {batch}, {dtype} head maps: detections per image deepjit fused {one.pop('_dets')[:4]}",
+                      flush=True)
+                ours = {**ours, **one}
             for name, r in ours.items():
                 rows.append((f"{name} {dtype}", batch, r))
                 record[f"{name} {dtype}/b{batch}"] = r

@@ -23,6 +23,7 @@ from .errors import GateFailed, KernelError, OutputError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
 from .graph.serialize import model_bytes
 from .jit.contracts import declared_detections, load_contract, resolve_params
+from .jit.fused import check_writers
 from .jit.nvrtc import compile_site_kernels
 from .jit.thresholds import check_thresholds
 from .log import StageTimes
@@ -196,6 +197,7 @@ def check_kernel_params(loaded: LoadedSpec, plan) -> list[str]:
             except KernelError as e:
                 raise KernelError(f"{loaded.path}: {label}: {e}") from None
     try:
+        check_writers(kernels)
         return check_thresholds(kernels)
     except KernelError as e:
         raise KernelError(f"{loaded.path}: {e}") from None

@@ -183,6 +183,32 @@ def test_a_decode_threshold_above_the_nms_one_is_refused_and_one_below_is_a_warn
     assert warning in r.stderr
 
 
+DECODE_MODE = "mode: candidates            # write compacted candidates for NMS (`output0` mimics the model)"
+NMS_AGNOSTIC = "agnostic: false"
+
+
+@pytest.mark.parametrize("edits, message", [
+    ({DECODE_MODE: "mode: nms"},
+     "cut 'nms' kernels[0] (nms) writes 'num_dets', which cut 'decode' kernels[0] (yolov8_decode) writes already"),
+    ({NMS_AGNOSTIC: "agnostic: false\n          fused: true"},
+     "cut 'nms' kernels[0] (nms) has fused: true, so the kernel before it must do its work, but cut 'decode' "
+     "kernels[0] (yolov8_decode) does not write boxes, classes, num_dets, scores"),
+    ({DECODE_MODE: "mode: nms\n          iou_threshold: 0.5", NMS_AGNOSTIC: "agnostic: false\n          fused: true"},
+     "cut 'nms' kernels[0] (nms)'s iou_threshold is 0.45 and cut 'decode' kernels[0] (yolov8_decode)'s is 0.5")])
+def test_a_half_fused_decode_and_nms_is_refused_before_any_work(write_spec, edits, message):
+    """yolov8_decode mode nms does the nms stage's work; the stage must then say fused: true, with the
+    same thresholds, max_det and agnostic (the contracts' roles.done_before), and not otherwise."""
+    r = run_cli("build", str(_spec(write_spec, **edits)), "--dry-run")
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr, r.stderr
+
+
+def test_a_fused_decode_and_nms_pass_the_spec_checks(write_spec):
+    edits = {DECODE_MODE: "mode: nms", NMS_AGNOSTIC: "agnostic: false\n          fused: true"}
+    r = run_cli("build", str(_spec(write_spec, **edits)), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.slow  # a full build
 def test_build_publishes_to_an_oci_registry(write_spec, tmp_path, registry_server):
     url = f"oci://{registry_server.host}/deepjit/yolov8n"

@@ -90,6 +90,16 @@ class ImageInput(_Model):
                                   "to the image as (x - left) / r")
 
 
+class DoneBefore(_Model):
+    """A fused mode's other half: when the bool param `when` is true, the kernel before this one in its
+    chain does this kernel's work in its own launch, so this one has no tensors, launches or workspace;
+    it keeps its reference and its detections for validation."""
+
+    when: str = Field(description="a bool param of this contract")
+    same: list[str] = Field(default_factory=list, description="params the kernel before must have with the "
+                            "same values (what this kernel would compute with)")
+
+
 class Roles(_Model):
     """What is special about a kernel, declared, so that a user's contract gets the same treatment."""
 
@@ -104,6 +114,7 @@ class Roles(_Model):
     score_threshold: str | None = Field(
         None, description="the float param below which (score <= it) the kernel drops detections or candidates: "
         "the gate's borderline band is around it, and a later kernel's must not be lower")
+    done_before: DoneBefore | None = None
 
 
 class ContractModel(_Model):
@@ -125,4 +136,11 @@ class ContractModel(_Model):
         name = self.roles.score_threshold
         if name is not None and (name not in self.params or self.params[name].type != "float"):
             raise ValueError(f"roles.score_threshold: '{name}' must be one of the contract's float params")
+        done = self.roles.done_before
+        if done is not None:
+            if done.when not in self.params or self.params[done.when].type != "bool":
+                raise ValueError(f"roles.done_before.when: '{done.when}' must be one of the contract's bool params")
+            unknown = [n for n in done.same if n not in self.params]
+            if unknown:
+                raise ValueError(f"roles.done_before.same: '{unknown[0]}' is not one of the contract's params")
         return self

@@ -193,8 +193,17 @@ def _symbolic(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and any(_symbolic(v) for v in value)
 
 
+def done_before(contract: Contract, params: Mapping[str, Any]) -> bool:
+    """Whether the kernel before this one in its chain does this one's work (the bool param its
+    roles.done_before.when names is true): then it has no tensors, launches or workspace of its own."""
+    done = contract.model.roles.done_before
+    return bool(done and params.get(done.when))
+
+
 def signature(contract: Contract, params: Mapping[str, Any]) -> tuple[TensorSig, ...]:
     """Inputs then outputs, with dtypes resolved and shapes as far as the params allow."""
+    if done_before(contract, params):
+        return ()
     out = []
     for role, specs in (("input", contract.model.inputs), ("output", contract.model.outputs)):
         for k, spec in enumerate(specs):
@@ -277,6 +286,8 @@ def bind_dims(contract: Contract, params: Mapping[str, Any], shapes: Mapping[str
     """Symbolic dims from the actual input shapes (and `extra`), then the contract's `dims:` section.
     A shape that contradicts the contract is a RuntimeInputError naming the tensor and the dim."""
     dims: dict[str, int] = dict(extra or {})
+    if done_before(contract, params):
+        return MappingProxyType(dims)
     origin = {name: "extra dims" for name in dims}
     sigs = [s for s in signature(contract, params) if s.role == "input"]
     for sig in sigs:
@@ -342,6 +353,8 @@ def _dim3(values, ctx, where) -> tuple[int, int, int]:
 
 def entry_symbols(contract: Contract, params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """(entry name, C++ name expression) of the entry points that `when` selects."""
+    if done_before(contract, params):
+        return ()
     out = []
     for k, e in enumerate(contract.model.entry_points):
         if _truthy(e.when, params, f"{contract.path}: entry_points[{k}].when"):
@@ -354,6 +367,8 @@ def entry_symbols(contract: Contract, params: Mapping[str, Any]) -> tuple[tuple[
 def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int],
              values: Mapping[str, Any]) -> tuple[Launch, ...]:
     """The launches for bound dims; `values` maps tensor/workspace names to device pointers."""
+    if done_before(contract, params):
+        return ()
     ctx = {**params, **dims}
     out = []
     for k, e in enumerate(contract.model.entry_points):
@@ -382,4 +397,6 @@ def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, i
 
 
 def workspace_bytes(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int]) -> int:
+    if done_before(contract, params):
+        return 0
     return int(evaluate(contract.model.workspace, {**params, **dims}, f"{contract.path}: workspace"))

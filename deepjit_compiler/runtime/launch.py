@@ -152,6 +152,7 @@ class KernelChain:
         self.kernels: list[ContractKernel] = []
         self.dims: list[Mapping[str, int]] = []
         self.plan: tuple[Prepared, ...] = ()
+        self.workspaces: list[DeviceArray] = []  # held here: the plan keeps only their pointers
         for item in kernels:
             compiled, aliases = item if isinstance(item, tuple) else (item, {})
             kernel = ContractKernel(gpu, compiled, prefer)
@@ -164,8 +165,10 @@ class KernelChain:
                 reads[sig.name] = self.tensors[name]
             dims = kernel.bind(reads)
             outs = kernel.allocate_outputs(dims)
-            values = {**reads, **outs, "workspace": kernel.workspace(dims),
-                      **host_values(kernel.contract, kernel.params, dims)}
+            workspace = kernel.workspace(dims)
+            if workspace is not None:
+                self.workspaces.append(workspace)
+            values = {**reads, **outs, "workspace": workspace, **host_values(kernel.contract, kernel.params, dims)}
             self.plan += kernel.prepare(values, dims)
             self.tensors.update(outs)
             self.kernels.append(kernel)

@@ -48,7 +48,8 @@ def test_builtin_contracts_load_and_name_their_files():
     for name in ("yolov8_decode", "nms", "letterbox"):
         c = load_contract(name)
         assert c.name == name and c.template_path.name == f"{name}.cu.j2"
-        assert [p.name for p in c.header_paths] == ["deepjit_common.cuh"]
+        want = ["deepjit_common.cuh"] + (["deepjit_nms.cuh"] if name != "letterbox" else [])  # nms's body, shared
+        assert [p.name for p in c.header_paths] == want
         assert len(c.digest()) == 64
 
 
@@ -96,7 +97,7 @@ def test_unknown_and_disallowed_params_name_the_allowed_ones():
     c = load_contract("yolov8_decode")
     with pytest.raises(KernelError, match=r"unknown param 'conf_treshold' \(did you mean 'conf_threshold'\?\)"):
         resolve_params(c, {"conf_treshold": 0.3}, FACTS)
-    with pytest.raises(KernelError, match=r"'mode' must be one of \['candidates', 'output0'\], got 'output'"):
+    with pytest.raises(KernelError, match=r"'mode' must be one of \['candidates', 'output0', 'nms'\], got 'output'"):
         resolve_params(c, {"mode": "output"}, FACTS)
     with pytest.raises(KernelError, match=r"'conf_threshold' must be in \[0.0, 1.0\], got 1.5"):
         resolve_params(c, {"conf_threshold": 1.5}, FACTS)
@@ -184,6 +185,58 @@ def test_nms_workspace_only_when_candidates_overflow_shared_memory():
                                       "scores": 4, "classes": 5})
     assert launch.symbol == "deepjit_nms<300, false>" and launch.grid == (4, 1, 1)
     assert dict((a[0], a[2]) for a in launch.args)["ws_stride"] == 16384
+
+
+def test_decode_mode_nms_writes_the_nms_outputs_in_one_launch():
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {"mode": "nms", "block": 1024, "chunk": 256, "max_det": 100, "agnostic": True}, FACTS)
+    sig = {s.name: s for s in signature(c, p)}
+    outputs = [n for n, s in sig.items() if s.role == "output"]
+    assert outputs == ["cand_count", "cand_boxes", "cand_scores", "cand_classes", "cand_index", "blocks_done",
+                       "num_dets", "boxes", "scores", "classes"]
+    assert sig["blocks_done"].zero_init and sig["cand_count"].zero_init and sig["boxes"].shape == ("B", 100, 4)
+    dims = bind_dims(c, p, head_shapes(2))
+    tensors = {s.name: 1000 + k for k, s in enumerate(signature(c, p))}
+    (launch,) = launches(c, p, dims, {**tensors, "workspace": 7})
+    assert launch.symbol == "deepjit_yolov8_decode_nms<float, 100, true>"
+    assert launch.block == (1024, 1, 1) and launch.grid == (-(-8400 // (4 * 1024)), 2, 1)
+    assert launch.shared_mem == 256 * (256 // 8 + 28)  # the NMS chunk's, as the nms kernel's
+    args = dict((a[0], a[2]) for a in launch.args)
+    assert args["ws_stride"] == 16384 and args["workspace"] == 7 and args["num_dets"] == tensors["num_dets"]
+    assert workspace_bytes(c, p, dims) == 2 * 16384 * 12  # 8400 candidates can pass sort_capacity
+    small = resolve_params(c, {"mode": "nms", "max_candidates": 2000}, FACTS)
+    assert workspace_bytes(c, small, bind_dims(c, small, head_shapes(2))) == 0
+    two = resolve_params(c, {}, FACTS)
+    assert "num_dets" not in {s.name for s in signature(c, two)} and workspace_bytes(c, two, dims) == 0
+
+
+def test_a_stage_done_before_has_no_tensors_launches_or_workspace():
+    """nms with fused: true (the decode before it in mode nms did its work): nothing of its own."""
+    c = load_contract("nms")
+    p = resolve_params(c, {"fused": True}, {})
+    assert signature(c, p) == () and entry_symbols(c, p) == ()
+    assert bind_dims(c, p, {}) == {} and launches(c, p, {}, {}) == () and workspace_bytes(c, p, {}) == 0
+    assert c.model.roles.detections is not None  # still validated as detections, against its reference
+    plain = resolve_params(c, {}, {})
+    assert len(signature(c, plain)) == 9 and entry_symbols(c, plain) == (("nms", "deepjit_nms<300, false>"),)
+
+
+def test_done_before_names_a_bool_param_and_params_of_the_contract(tmp_path):
+    (tmp_path / "k.cu.j2").write_text("// nothing\n")
+    (tmp_path / "k.yaml").write_text(textwrap.dedent("""\
+        name: k
+        template: k.cu.j2
+        params: {chunk: {type: int, default: 1}}
+        entry_points: [{name: k, symbol: k, block: [1], grid: [1], args: []}]
+        roles: {done_before: {when: chunk}}
+        """))
+    with pytest.raises(KernelError, match="roles.done_before.when: 'chunk' must be one of the contract's bool params"):
+        load_contract(str(tmp_path / "k.yaml"))
+    text = (tmp_path / "k.yaml").read_text()
+    (tmp_path / "k.yaml").write_text(text.replace("{chunk: {type: int, default: 1}}", "{fused: {type: bool, default: false}}")
+                                     .replace("{when: chunk}", "{when: fused, same: [iou]}"))
+    with pytest.raises(KernelError, match="roles.done_before.same: 'iou' is not one of the contract's params"):
+        load_contract(str(tmp_path / "k.yaml"))
 
 
 def test_entry_symbols_follow_params():

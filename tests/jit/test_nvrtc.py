@@ -54,8 +54,8 @@ def test_four_lanes_per_anchor_is_for_the_candidates_mode_only(tmp_path):
     assert "__shfl_xor_sync(deepjit::kFullMask, best, d)" in k.source.code  # the four-lane kernel was rendered
     for params in ({"mode": "output0", "anchors_per_thread": 1}, {"anchors_per_thread": 4}):
         with pytest.raises(KernelCompileError, match=r"yolov8_decode.cu.j2:\d+: error: static assertion failed with "
-                                                     r"\"yolov8_decode: lanes_per_anchor 4 needs mode candidates and "
-                                                     r"anchors_per_thread 1\""):
+                                                     r"\"yolov8_decode: lanes_per_anchor 4 needs mode candidates or "
+                                                     r"nms, and anchors_per_thread 1\""):
             compile_site_kernel("yolov8_decode", {**params, "lanes_per_anchor": 4}, FACTS, sm=75, cache_dir=tmp_path)
 
 
@@ -65,8 +65,9 @@ def test_nms_chunk_must_fit_the_target_sms_shared_memory(tmp_path):
     nms = {"max_candidates": 8400}
     for sm, chunk in ((75, 256), (90, 1024)):
         k = compile_site_kernel("nms", {**nms, "chunk": chunk}, sm=sm, cache_dir=tmp_path)
-        assert f"CHUNK = {chunk}," in k.source.code
-    with pytest.raises(KernelCompileError, match=r"nms.cu.j2:\d+: error: static assertion failed with \"nms: chunk "
+        assert f"#define DJ_NMS_CHUNK {chunk}\n" in k.source.code
+    # the check lives in the NMS body the nms kernel and the fused decode share
+    with pytest.raises(KernelCompileError, match=r"deepjit_nms.cuh\(\d+\): error: static assertion failed with \"nms: chunk "
                                                  r"\* \(chunk / 8 \+ 28\) .* lower chunk\""):
         compile_site_kernel("nms", {**nms, "chunk": 512}, sm=75, cache_dir=tmp_path)
 
@@ -194,3 +195,18 @@ def test_binaries_are_the_same_bytes_in_another_process(tmp_path):
     runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / f"c{i}")], capture_output=True, text=True,
                            check=True).stdout for i in range(2)]
     assert runs[0] == runs[1] and len(runs[0].split()) == 2
+
+
+def test_decode_mode_nms_compiles_with_the_shared_nms_body(tmp_path):
+    """Mode nms includes the nms contract's body (deepjit_nms.cuh) and so has its shared-memory limit:
+    on a T4 (sm_75) chunk 256 fits beside the decode, 512 does not."""
+    fused = {"mode": "nms", "block": 512, "max_det": 100}
+    for sm in (75, 90):
+        k = compile_site_kernel("yolov8_decode", {**fused, "chunk": 256}, FACTS, sm=sm, cache_dir=tmp_path)
+        assert k.entries == (("decode", "deepjit_yolov8_decode_nms<float, 100, false>"),)
+        assert "#include \"deepjit_nms.cuh\"" in k.source.code and "#define DJ_NMS_BLOCK 512" in k.source.code
+        assert any(name == "deepjit_nms.cuh" for name, _ in k.source.headers)
+    with pytest.raises(KernelCompileError, match=r"deepjit_nms.cuh\(\d+\): error: static assertion failed with \"nms: chunk"):
+        compile_site_kernel("yolov8_decode", {**fused, "chunk": 512}, FACTS, sm=75, cache_dir=tmp_path)
+    with pytest.raises(KernelCompileError, match=r"nms: block must be a multiple of 64, at least 128"):
+        compile_site_kernel("yolov8_decode", {**fused, "block": 64}, FACTS, sm=90, cache_dir=tmp_path)

@@ -45,13 +45,13 @@ def test_rendered_lines_map_back_to_template_lines():
     src = render(contract, resolve_params(contract, {"max_det": 100}))
     template = contract.template_path.read_text().splitlines()
     rendered = src.code.splitlines()
-    n = next(i for i, line in enumerate(rendered, 1) if "cand_count[b] = 0;" in line)
+    n = next(i for i, line in enumerate(rendered, 1) if "dj_nms::nms_image<MAX_DET, AGNOSTIC>(blockIdx.x" in line)
     file, line = src.origin(n)
     assert file == str(contract.template_path)
-    assert "cand_count[b] = 0;" in template[line - 1]
-    # a line from the shared header's consumer: the constants block
-    n = next(i for i, line in enumerate(rendered, 1) if line.startswith("enum : int { BLOCK = 512, SORT_CAP = 2048"))
-    assert template[src.origin(n)[1] - 1].startswith("enum : int { BLOCK = {{ block }}, SORT_CAP = {{ sort_capacity }}")
+    assert "dj_nms::nms_image<MAX_DET, AGNOSTIC>(blockIdx.x" in template[line - 1]
+    # a line made from params: the constants the shared NMS header reads
+    n = next(i for i, line in enumerate(rendered, 1) if line == "#define DJ_NMS_BLOCK 512")
+    assert template[src.origin(n)[1] - 1] == "#define DJ_NMS_BLOCK {{ block }}"
     marked = [row for row in src.excerpt(n).splitlines() if row.startswith(">")]
     assert marked == [f">{n:5d} | {rendered[n - 1]}"]
 

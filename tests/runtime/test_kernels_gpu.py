@@ -289,25 +289,30 @@ def merged_reference(decode_ref: onnx.ModelProto, nms_ref: onnx.ModelProto) -> o
     return onnx.compose.merge_models(a, b, io_map=[("output0", "output0")])
 
 
+DETECTIONS = ("num_dets", "boxes", "scores", "classes")
+
+
 def postprocess_runner(gpu, decode, nms, inputs, load):
-    """decode (candidates) -> nms as one KernelChain on the cut's tensors, rebuilt when shapes change."""
+    """decode (candidates) -> nms as one KernelChain on the cut's tensors, rebuilt when shapes change;
+    with nms None, the decode alone (mode nms: both in one launch)."""
     names = decode_names(decode, inputs)
+    kernels = [(decode, names)] + ([nms] if nms is not None else [])
     state = {}
 
     def run(feed):
         key = tuple(feed[v].shape for v in names.values())
         if state.get("key") != key:
             given = {v: gpu.upload(np.ascontiguousarray(feed[v])) for v in names.values()}
-            state["post"], state["key"] = KernelChain(gpu, [(decode, names), nms], given, load), key
+            state["post"], state["key"] = KernelChain(gpu, kernels, given, load), key
         post = state["post"]
         for name, arr in post.inputs.items():
             gpu.upload(np.ascontiguousarray(feed[name]), out=arr)
-        for arr in post.outputs.values():
-            gpu.fill(arr, 0xFF)
-        assert post.launch() == 2  # decode + nms, no memset launch
-        return post.results()
+        for name in DETECTIONS:
+            gpu.fill(post.tensors[name], 0xFF)
+        assert post.launch() == len(kernels)  # no memset launch: the kernels reset their counters
+        return post.results(DETECTIONS)
 
-    return Runner(run, f"deepjit-decode-nms-{decode.arch}-{load}")
+    return Runner(run, f"deepjit-decode-{'nms' if nms is not None else 'fused'}-{decode.arch}-{load}")
 
 
 NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 20},
@@ -364,6 +369,115 @@ def test_decode_then_nms_on_fp16_head_maps_match_the_fp16_builds_reference(gpu, 
     for r, t in zip(ref_iters, test_iters):
         total, images = match_detections(r, t)
         assert total >= images * 5  # the NMS had real work in every image
+
+
+# --- decode and NMS in one launch (yolov8_decode mode nms) ----------------------------------------
+
+FUSED_CASES = {"block128-bitonic": {"block": 128}, "block1024": {"block": 1024},
+               "agnostic-maxdet20-block512": {"agnostic": True, "max_det": 20, "block": 512},
+               "block1024-chunk512": {"block": 1024, "chunk": 512}}
+
+
+def fused_decode(params, facts, target, cache, **decode_way):
+    """yolov8_decode in mode nms with the NMS semantics `params` and its block/chunk."""
+    return build("yolov8_decode", {"mode": "nms", **params, **decode_way}, facts, target, cache)
+
+
+def nms_semantics(params) -> dict:
+    return {k: params[k] for k in ("conf_threshold", "iou_threshold", "max_det", "agnostic") if k in params}
+
+
+@pytest.mark.parametrize("decode_way", list(DECODE_WAYS))
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+@pytest.mark.parametrize("batch", [1, 8])
+def test_fused_decode_nms_match_reference_detections(gpu, target, cache, batch, case, decode_way):
+    """One launch: each image's last decode block runs its NMS; the detections are the cut subgraph +
+    NMS reference's, whichever NMS path the block takes (block 128: more candidates than threads, the
+    bitonic sort; agnostic: one group of hundreds, the settle rounds; 1024: the small-group walk)."""
+    ref, facts, inputs = decode_site()
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False, **FUSED_CASES[case]}
+    skip_if_chunk_too_big(params, target)
+    fused = fused_decode(params, facts, target, cache, **DECODE_WAYS[decode_way])
+    rng = np.random.default_rng([batch, len(case), 17])
+    maps = [head_maps(rng, batch) for _ in range(3)]
+    reference = ort_runner(merged_reference(ref, nms_reference(NC, **nms_semantics(params))), "onnxrt-cut+nms-reference")
+    _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, fused, None, inputs, target[1]),
+                                        [site_feed(m, facts) for m in maps])
+    for r, t in zip(ref_iters, test_iters):
+        total, images = match_detections(r, t)
+        assert total >= images * min(params["max_det"], 5)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4, 8])
+def test_fused_decode_nms_on_fp16_head_maps_every_bucket(gpu, target, cache, batch):
+    """The H200 spec's fused setting (fp16 head maps, four lanes per anchor, block 1024, chunk 256) on
+    every batch bucket of the example specs, against the fp16 build's references."""
+    ref, facts, inputs = decode_site(precision="fp16")
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "block": 1024, "chunk": 256}
+    fused = fused_decode(params, facts, target, cache, **DECODE_WAYS["4-lanes-per-anchor"])
+    assert fused.params["dtype"] == "float16"
+    rng = np.random.default_rng([batch, 2323])
+    maps = [head_maps(rng, batch, dtype=np.float16) for _ in range(2)]
+    reference = ort_runner(merged_reference(ref, nms_reference(NC, **nms_semantics(params))), "onnxrt-fp16-cut+nms")
+    _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, fused, None, inputs, target[1]),
+                                        [site_feed(m, facts, np.float16) for m in maps])
+    for r, t in zip(ref_iters, test_iters):
+        total, images = match_detections(r, t)
+        assert total >= images * 5
+
+
+@pytest.mark.parametrize("lift, low, high, what", [
+    (1.0, 512, 2048, "more candidates than the block: the shared-memory bitonic sort"),
+    (2.0, 2048, 8400, "past sort_capacity: the workspace sort")])
+def test_fused_decode_nms_many_candidates(gpu, target, cache, lift, low, high, what):
+    ref, facts, inputs = decode_site()
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "block": 512, "chunk": 256}
+    fused = fused_decode(params, facts, target, cache, anchors_per_thread=4)
+    rng = np.random.default_rng([int(lift * 10), 5])
+    maps = [head_maps(rng, 2) for _ in range(2)]
+    for m in maps:
+        for lv in m:
+            lv["cls"] += np.float32(lift)  # more anchors above the threshold
+    counts = [candidates(m) for m in maps]
+    assert all(low < c.min() and c.max() <= high for c in counts), (what, counts)
+    reference = ort_runner(merged_reference(ref, nms_reference(NC, **nms_semantics(params))), "onnxrt-cut+nms")
+    _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, fused, None, inputs, target[1]),
+                                        [site_feed(m, facts) for m in maps])
+    for r, t in zip(ref_iters, test_iters):
+        total, images = match_detections(r, t)
+        assert total >= images * 50
+
+
+def candidates(maps) -> np.ndarray:
+    """Anchors per image whose best class score is > 0.25 (what the decode appends)."""
+    best = np.concatenate([lv["cls"].astype(np.float32).max(axis=1).reshape(lv["cls"].shape[0], -1) for lv in maps], 1)
+    return (1 / (1 + np.exp(-best)) > 0.25).sum(axis=1)
+
+
+def test_fused_decode_nms_graph_replays_reset_their_counters(gpu, cache):
+    """Replayed from a CUDA graph with no memset node, every replay gives the plain launch's detections:
+    the last block of each image resets blocks_done and the NMS resets cand_count."""
+    _, facts, inputs = decode_site()
+    target = (gpu.sm, "cubin")
+    fused = fused_decode({"block": 1024}, facts, target, cache, anchors_per_thread=1, lanes_per_anchor=4)
+    rng = np.random.default_rng(7)
+    host = [site_feed(head_maps(rng, 4), facts) for _ in range(2)]
+    chain = KernelChain(gpu, [(fused, decode_names(fused, inputs))], {k: gpu.upload(v) for k, v in host[0].items()})
+    chain.launch()
+    want = chain.results(DETECTIONS)
+    graph = gpu.capture(chain.launch)
+    for k in range(3):
+        for name in DETECTIONS:
+            gpu.fill(chain.tensors[name], 0xFF)
+        graph.replay()
+        got = chain.results(DETECTIONS)
+        for name in DETECTIONS:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"replay {k}: {name}")
+    assert not gpu.download(chain.tensors["blocks_done"]).any() and not gpu.download(chain.tensors["cand_count"]).any()
+    for name, arr in host[1].items():  # other maps: other detections, so the replays were not stale
+        gpu.upload(arr, out=chain.inputs[name])
+    graph.replay()
+    assert not np.array_equal(chain.results(["num_dets", "scores"])["scores"], want["scores"])
 
 
 def candidates_from_output0(output0: np.ndarray, conf: float, capacity: int):

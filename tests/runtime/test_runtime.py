@@ -323,6 +323,30 @@ def test_broken_plans_are_bundle_errors(t4_bundle):
         Layout.from_manifest(user)
 
 
+def test_a_fused_decode_makes_the_detections_and_its_nms_stage_nothing(t4_bundle):
+    """decode in mode nms + nms with fused: true: the decode step writes the detections, the nms step
+    reads and writes nothing; both writing them, or neither, is a located error."""
+    m = copy.deepcopy(read_bundle(t4_bundle).manifest)
+    steps = m["plan"]["steps"]
+    steps[1]["kernels"][0]["params"]["mode"] = "nms"
+    steps[2]["kernels"][0]["params"]["fused"] = True
+    layout = Layout.from_manifest(m)
+    decode, nms = layout.steps[1], layout.steps[2]
+    assert {"num_dets", "boxes", "scores", "classes", "blocks_done"} <= set(decode.writes)
+    assert nms.reads == () and nms.writes == ()
+    schedule = layout.schedule(True)
+    assert {"num_dets", "boxes"} <= set(schedule.device_tensors)
+    assert layout.shapes(layout.steps, {"images": (8, 3, 640, 640)}, 8)["boxes"] == (8, 300, 4)
+    both = copy.deepcopy(m)
+    both["plan"]["steps"][2]["kernels"][0]["params"]["fused"] = False
+    with pytest.raises(BundleError, match="step 'nms' makes 'num_dets', which an input or earlier step made already"):
+        Layout.from_manifest(both).schedule(True)
+    neither = copy.deepcopy(m)
+    neither["plan"]["steps"][1]["kernels"][0]["params"]["mode"] = "candidates"
+    with pytest.raises(BundleError, match="pipeline output 'num_dets' is made by no step"):
+        Layout.from_manifest(neither).schedule(True)
+
+
 @pytest.mark.parametrize("batch,bucket", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8)])
 def test_bucket_is_the_smallest_that_holds_the_batch(batch, bucket):
     assert bucket_for(batch, (1, 2, 4, 8)) == bucket
@@ -789,3 +813,24 @@ def test_bench_bundle_reports_percentiles_and_launches(t4_bundle, fake):
         assert r["gpu_us"]["p50"] == pytest.approx(250.0)   # the fake's events: 0.25 ms per device phase
     table = runbundle.format_bench(result)
     assert "call p50" in table and len(table.splitlines()) == 1 + 1 + 2 + 1
+
+
+def test_a_kernel_chain_holds_its_workspaces(tmp_path):
+    """The plan keeps only pointers, so the chain must keep its kernels' workspaces alive (the fused
+    decode's sort of thousands of candidates wrote into freed memory under compute-sanitizer before)."""
+    import gc
+
+    from deepjit_compiler.jit.nvrtc import compile_site_kernel
+    from deepjit_compiler.runtime.launch import KernelChain
+
+    facts = {"reg_max": 16, "num_classes": 80, "strides": [8, 16, 32], "anchors": 8400,
+             "levels": [{"level": i, "stride": s, "height": 640 // s, "width": 640 // s} for i, s in enumerate((8, 16, 32))]}
+    fused = compile_site_kernel("yolov8_decode", {"mode": "nms", "block": 512}, facts, sm=90, cache_dir=tmp_path)
+    gpu = FakeGpu()
+    inputs = {f"{r}_{i}": gpu.empty((2, 64 if r == "box" else 80, 640 // s, 640 // s), np.float32)
+              for i, s in enumerate((8, 16, 32)) for r in ("box", "cls")}
+    chain = KernelChain(gpu, [fused], inputs)
+    gc.collect()
+    (prepared,) = chain.plan
+    (workspace,) = chain.workspaces
+    assert workspace.nbytes == 2 * 16384 * 12 and int(workspace.ptr) in [int(v) for v in prepared.args]
