@@ -448,6 +448,25 @@ def test_fused_decode_nms_many_candidates(gpu, target, cache, lift, low, high, w
         assert total >= images * 50
 
 
+def test_fused_decode_then_the_nms_stage_done_before_it_chain_as_one_launch(gpu, cache):
+    """As a pipeline chains them: the decode in mode nms, then the nms stage with fused: true, whose
+    module holds no kernel and which launches nothing; the detections are the decode's."""
+    _, facts, inputs = decode_site()
+    target = (gpu.sm, "cubin")
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
+    fused = fused_decode({**params, "block": 1024}, facts, target, cache, anchors_per_thread=1, lanes_per_anchor=4)
+    stage = build("nms", {**params, "fused": True}, facts, target, cache)
+    assert stage.entries == ()
+    host = site_feed(head_maps(np.random.default_rng(31), 2), facts)
+    both = KernelChain(gpu, [(fused, decode_names(fused, inputs)), stage], {k: gpu.upload(v) for k, v in host.items()})
+    alone = KernelChain(gpu, [(fused, decode_names(fused, inputs))], {k: gpu.upload(v) for k, v in host.items()})
+    assert both.launch() == 1 and alone.launch() == 1
+    got, want = both.results(DETECTIONS), alone.results(DETECTIONS)
+    assert int(want["num_dets"].min()) >= 5
+    for name in DETECTIONS:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
 def candidates(maps) -> np.ndarray:
     """Anchors per image whose best class score is > 0.25 (what the decode appends)."""
     best = np.concatenate([lv["cls"].astype(np.float32).max(axis=1).reshape(lv["cls"].shape[0], -1) for lv in maps], 1)
