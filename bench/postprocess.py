@@ -147,19 +147,31 @@ def site_feed(site, maps) -> dict[str, np.ndarray]:
     return {h["name"]: maps[h["level"]][h["role"]] for h in site.facts["head_inputs"]}
 
 
-def bench_deepjit(gpu, decode, nms, site, inputs_sets, iters: int, torch) -> dict[str, dict]:
+def chains(gpu, kernels, site, inputs_sets) -> list[KernelChain]:
+    """One chain of `kernels` (the decode first, on the cut's head maps) per input set."""
+    decode = kernels[0]
     aliases = site_aliases(load_contract(decode.contract_path), decode.params, site.inputs, "decode")
-    posts = [KernelChain(gpu, [(decode, aliases), nms], {k: gpu.upload(v) for k, v in site_feed(site, maps).items()})
-             for maps in inputs_sets]
+    return [KernelChain(gpu, [(decode, aliases), *kernels[1:]], {k: gpu.upload(v) for k, v in site_feed(site, maps).items()})
+            for maps in inputs_sets]
+
+
+def bench_chains(gpu, torch, posts, iters: int, prefix: str) -> dict[str, dict]:
+    """The chains launched plainly and replayed from one CUDA graph each, cycled through."""
     launches = posts[0].launch()
     gpu.sync()
     graphs = [gpu.capture(p.launch) for p in posts]
     out = {}
-    for mode, step in (("deepjit-plain", lambda k: posts[k % ROTATE].launch()),
-                       ("deepjit-graph", lambda k: graphs[k % ROTATE].replay())):
+    for mode, step in ((f"{prefix}-plain", lambda k: posts[k % ROTATE].launch()),
+                       (f"{prefix}-graph", lambda k: graphs[k % ROTATE].replay())):
         out[mode] = {"gpu_us": stats(queued_gpu_us(gpu, torch, step, iters)),
                      "wall_us": stats(wall_us(gpu, step, min(iters, 100))),
                      "kernels": launches if mode.endswith("plain") else f"{launches} (1 graph)"}
+    return out
+
+
+def bench_deepjit(gpu, decode, nms, site, inputs_sets, iters: int, torch) -> dict[str, dict]:
+    posts = chains(gpu, [decode, nms], site, inputs_sets)
+    out = bench_chains(gpu, torch, posts, iters, "deepjit")
     dets = posts[0].results()["num_dets"].tolist()
 
     # Breakdown: the decode alone (its counters zeroed by a memset node each replay), and the nms
@@ -190,18 +202,8 @@ def bench_deepjit(gpu, decode, nms, site, inputs_sets, iters: int, torch) -> dic
 
 def bench_fused(gpu, fused, site, inputs_sets, iters: int, torch) -> dict[str, dict]:
     """yolov8_decode mode nms alone: one launch per inference, plain and replayed from a graph."""
-    aliases = site_aliases(load_contract(fused.contract_path), fused.params, site.inputs, "decode")
-    posts = [KernelChain(gpu, [(fused, aliases)], {k: gpu.upload(v) for k, v in site_feed(site, maps).items()})
-             for maps in inputs_sets]
-    launches = posts[0].launch()
-    gpu.sync()
-    graphs = [gpu.capture(p.launch) for p in posts]
-    out = {}
-    for mode, step in (("deepjit-fused-plain", lambda k: posts[k % ROTATE].launch()),
-                       ("deepjit-fused-graph", lambda k: graphs[k % ROTATE].replay())):
-        out[mode] = {"gpu_us": stats(queued_gpu_us(gpu, torch, step, iters)),
-                     "wall_us": stats(wall_us(gpu, step, min(iters, 100))),
-                     "kernels": launches if mode.endswith("plain") else f"{launches} (1 graph)"}
+    posts = chains(gpu, [fused], site, inputs_sets)
+    out = bench_chains(gpu, torch, posts, iters, "deepjit-fused")
     out["_dets"] = posts[0].results(["num_dets"])["num_dets"].tolist()
     return out
 
