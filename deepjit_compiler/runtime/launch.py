@@ -176,8 +176,9 @@ class KernelChain:
 
     @property
     def outputs(self) -> dict[str, DeviceArray]:
-        """The last kernel's outputs."""
-        return {s.name: self.tensors[s.name] for s in self.kernels[-1].outputs}
+        """The outputs of the last kernel that has any (one done by the kernel before it has none)."""
+        last = next((k for k in reversed(self.kernels) if k.outputs), self.kernels[-1])
+        return {s.name: self.tensors[s.name] for s in last.outputs}
 
     def launch(self) -> int:
         """Enqueue the kernels on the GPU's stream; returns how many were launched."""

@@ -67,6 +67,16 @@ def lb_bundle(tmp_path_factory) -> Path:
     return build_variant(tmp_path_factory.mktemp("rt-lb"), "yolov8n_lb", LETTERBOX)
 
 
+FUSED = {"mode: candidates            # write": "mode: nms            # write",
+         "          agnostic: false": "          agnostic: false\n          fused: true"}
+
+
+@pytest.fixture(scope="session")
+def fused_bundle(tmp_path_factory) -> Path:
+    """The T4 example with decode and NMS in one launch (yolov8_decode mode nms, nms fused: true)."""
+    return build_variant(tmp_path_factory.mktemp("rt-fused"), "yolov8n_fused", FUSED)
+
+
 @pytest.fixture(scope="session")
 def t4_layout(t4_bundle) -> Layout:
     return Layout.from_bundle(read_bundle(t4_bundle))
@@ -584,6 +594,26 @@ def test_nms_gets_its_shared_memory_and_overlaps_the_decode_only_in_sm90_code(t4
     assert [e for e in gpu.log if e[0] == "config"] == [("config", (2, 1, 1), shared(512), True)] * 2
 
 
+def test_a_fused_bundle_runs_decode_and_nms_as_one_launch(fused_bundle, fake):
+    """The bundle keeps the nms step (its reference, its detections) with nothing to launch: a call is
+    one kernel in the graph, and the detections come from the decode's buffers."""
+    with Pipeline.load(fused_bundle) as pipe:
+        gpu = fake.made[0]
+        names = [s.name for s in pipe.layout.steps]
+        assert names[-2:] == ["decode", "nms"] and pipe.layout.step("nms").kernels[0].sigs == ()
+
+        def decode(grid, args):  # the fused decode writes num_dets = 5 * (image + 1) for every image
+            write_at(args[-4], 5 * np.arange(1, grid[1] + 1, dtype=np.int32))
+        gpu.hooks["decode"] = decode
+        mark = len(gpu.log)
+        out = pipe({"images": images(np.random.default_rng(5), 2)})
+        events = _since(gpu.log, mark)
+        assert [e for e in events if e[0] == "replay"] == [("replay", ("decode",))]
+        np.testing.assert_array_equal(out["num_dets"], [5, 10])
+        assert pipe.launches_per_inference(2) == 1 and pipe.graph_launches_per_inference() == 1
+        assert [e for e in gpu.log if e[0] == "allow_shared"] == [("allow_shared", "decode", 256 * (256 // 8 + 28))]
+
+
 def test_without_graphs_the_kernels_launch_plainly(t4_bundle, fake):
     with Pipeline.load(t4_bundle, graphs=False) as pipe:
         gpu = fake.made[0]
@@ -834,3 +864,6 @@ def test_a_kernel_chain_holds_its_workspaces(tmp_path):
     (prepared,) = chain.plan
     (workspace,) = chain.workspaces
     assert workspace.nbytes == 2 * 16384 * 12 and int(workspace.ptr) in [int(v) for v in prepared.args]
+    stage = compile_site_kernel("nms", {"fused": True}, facts, sm=90, cache_dir=tmp_path)
+    both = KernelChain(gpu, [fused, stage], inputs)  # the nms stage done by the decode: nothing of its own
+    assert len(both.plan) == 1 and {"num_dets", "boxes", "scores", "classes"} <= set(both.outputs)
