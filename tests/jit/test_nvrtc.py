@@ -210,3 +210,14 @@ def test_decode_mode_nms_compiles_with_the_shared_nms_body(tmp_path):
         compile_site_kernel("yolov8_decode", {**fused, "chunk": 512}, FACTS, sm=75, cache_dir=tmp_path)
     with pytest.raises(KernelCompileError, match=r"nms: block must be a multiple of 64, at least 128"):
         compile_site_kernel("yolov8_decode", {**fused, "block": 64}, FACTS, sm=90, cache_dir=tmp_path)
+
+
+def test_the_twin_of_a_fused_decode_compiles(tmp_path):
+    """The kernels level checks a mode-nms decode's twin (roles.twin: mode output0, one lane) against the
+    cut: its NMS params and the NMS block must leave a compilable output0 kernel."""
+    from deepjit_compiler.jit.contracts import load_contract
+
+    twin = load_contract("yolov8_decode").model.roles.twin
+    fused = {"mode": "nms", "block": 1024, "chunk": 512, "anchors_per_thread": 1, "lanes_per_anchor": 4}
+    k = compile_site_kernel("yolov8_decode", {**fused, **twin}, FACTS, sm=90, cache_dir=tmp_path)
+    assert k.entries == (("decode", "deepjit_yolov8_decode_output0<float>"),)
