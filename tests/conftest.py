@@ -27,6 +27,10 @@ PIPELINES = REPO / "pipelines"
 # path inside the spec's own folder (model, bundle under out/yolov8n_t4, file:// store).
 YOLOV8N_T4 = {"path: ../models/yolov8s.onnx": "path: models/yolov8n.onnx", "synthesize: yolov8s": "synthesize: yolov8n",
               "file://../build/store": "file://store", "path: ../build/yolov8s_t4": "path: out/yolov8n_t4"}
+# The T4 spec with its decode and NMS in one launch: the decode in mode nms, the nms stage done before it.
+DECODE_MODE = "mode: candidates"          # the T4 spec's decode mode
+NMS_LAST_PARAM = "          agnostic: false"  # the nms stage's last param line
+FUSED = {DECODE_MODE: "mode: nms", NMS_LAST_PARAM: NMS_LAST_PARAM + "\n          fused: true"}
 
 
 def _has_gpu() -> bool:

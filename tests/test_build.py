@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import REPO, YOLOV8N_T4, run_cli
+from conftest import DECODE_MODE, FUSED, NMS_LAST_PARAM, REPO, YOLOV8N_T4, run_cli
 
 from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.bundle.archive import pack
@@ -183,17 +183,13 @@ def test_a_decode_threshold_above_the_nms_one_is_refused_and_one_below_is_a_warn
     assert warning in r.stderr
 
 
-DECODE_MODE = "mode: candidates            # write compacted candidates for NMS (`output0` mimics the model)"
-NMS_AGNOSTIC = "agnostic: false"
-
-
 @pytest.mark.parametrize("edits, message", [
-    ({DECODE_MODE: "mode: nms"},
+    ({DECODE_MODE: FUSED[DECODE_MODE]},
      "cut 'nms' kernels[0] (nms) writes 'num_dets', which cut 'decode' kernels[0] (yolov8_decode) writes already"),
-    ({NMS_AGNOSTIC: "agnostic: false\n          fused: true"},
+    ({NMS_LAST_PARAM: FUSED[NMS_LAST_PARAM]},
      "cut 'nms' kernels[0] (nms) has fused: true, so the kernel before it must do its work, but cut 'decode' "
      "kernels[0] (yolov8_decode) does not write boxes, classes, num_dets, scores"),
-    ({DECODE_MODE: "mode: nms\n          iou_threshold: 0.5", NMS_AGNOSTIC: "agnostic: false\n          fused: true"},
+    ({**FUSED, DECODE_MODE: "mode: nms\n          iou_threshold: 0.5  #"},
      "cut 'nms' kernels[0] (nms)'s iou_threshold is 0.45 and cut 'decode' kernels[0] (yolov8_decode)'s is 0.5")])
 def test_a_half_fused_decode_and_nms_is_refused_before_any_work(write_spec, edits, message):
     """yolov8_decode mode nms does the nms stage's work; the stage must then say fused: true, with the
@@ -203,10 +199,14 @@ def test_a_half_fused_decode_and_nms_is_refused_before_any_work(write_spec, edit
     assert message in r.stderr, r.stderr
 
 
-def test_a_fused_decode_and_nms_pass_the_spec_checks(write_spec):
-    edits = {DECODE_MODE: "mode: nms", NMS_AGNOSTIC: "agnostic: false\n          fused: true"}
-    r = run_cli("build", str(_spec(write_spec, **edits)), "--dry-run", "--json")
+def test_a_fused_decode_and_nms_keep_the_nms_stage_and_its_outputs(write_spec):
+    """Fully fused, the spec passes its checks and the plan still ends in the nms stage, whose outputs
+    (what its reference and the gate compare) are the pipeline's."""
+    r = run_cli("build", str(_spec(write_spec, **FUSED)), "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)["plan"]
+    assert [s["name"] for s in plan][-2:] == ["decode", "nms"]
+    assert [t["name"] for t in plan[-1]["outputs"]] == ["num_dets", "boxes", "scores", "classes"]
 
 
 @pytest.mark.slow  # a full build

@@ -121,9 +121,16 @@ def decode_names(compiled, inputs) -> dict[str, str]:
     return site_aliases(load_contract(compiled.contract_path), compiled.params, inputs, "decode")
 
 
-def score_fraction(maps) -> float:
+def candidates(maps) -> np.ndarray:
+    """Anchors per image whose best class score is > 0.25 (what the decode appends)."""
     best = np.concatenate([lv["cls"].astype(np.float32).max(axis=1).reshape(lv["cls"].shape[0], -1) for lv in maps], 1)
-    return float((1 / (1 + np.exp(-best)) > 0.25).mean())
+    return (1 / (1 + np.exp(-best)) > 0.25).sum(axis=1)
+
+
+def score_fraction(maps) -> float:
+    """The fraction of all anchors of all images above 0.25."""
+    counts, anchors = candidates(maps), sum(lv["cls"].shape[2] * lv["cls"].shape[3] for lv in maps)
+    return float(counts.sum() / (len(counts) * anchors))
 
 
 # --- runners ------------------------------------------------------------------------------------
@@ -465,12 +472,6 @@ def test_fused_decode_then_the_nms_stage_done_before_it_chain_as_one_launch(gpu,
     assert int(want["num_dets"].min()) >= 5
     for name in DETECTIONS:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-
-
-def candidates(maps) -> np.ndarray:
-    """Anchors per image whose best class score is > 0.25 (what the decode appends)."""
-    best = np.concatenate([lv["cls"].astype(np.float32).max(axis=1).reshape(lv["cls"].shape[0], -1) for lv in maps], 1)
-    return (1 / (1 + np.exp(-best)) > 0.25).sum(axis=1)
 
 
 def test_fused_decode_nms_graph_replays_reset_their_counters(gpu, cache):

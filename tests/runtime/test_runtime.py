@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import REPO, YOLOV8N_T4
+from conftest import FUSED, REPO, YOLOV8N_T4
 
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.errors import BundleError, KernelError, MissingDependency, RuntimeInputError
@@ -65,10 +65,6 @@ def t4_bundle(t4_build) -> Path:
 @pytest.fixture(scope="session")
 def lb_bundle(tmp_path_factory) -> Path:
     return build_variant(tmp_path_factory.mktemp("rt-lb"), "yolov8n_lb", LETTERBOX)
-
-
-FUSED = {"mode: candidates            # write": "mode: nms            # write",
-         "          agnostic: false": "          agnostic: false\n          fused: true"}
 
 
 @pytest.fixture(scope="session")
