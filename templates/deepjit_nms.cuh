@@ -16,14 +16,25 @@ namespace dj_nms {
 
 using u64 = unsigned long long;
 
-// CHUNK: sorted candidates settled at once, WORDS 64-bit mask words per box; NB: buckets of the
-// counting passes (by score for the sort, by class for the IoU tests).
-enum : int { BLOCK = DJ_NMS_BLOCK, SORT_CAP = DJ_NMS_SORT_CAP, CHUNK = DJ_NMS_CHUNK, WORDS = CHUNK / 64, NB = 256,
-             PER = (CHUNK + BLOCK - 1) / BLOCK,  // chunk boxes per thread
+// CHUNK: sorted candidates settled at once, WORDS: 32-bit words of a bitset over a chunk (and the most
+// mask words a box has), WARPS: the block's warps; NB: buckets of the counting sorts (by score, by class).
+enum : int { BLOCK = DJ_NMS_BLOCK, SORT_CAP = DJ_NMS_SORT_CAP, CHUNK = DJ_NMS_CHUNK, WORDS = CHUNK / 32,
+             WARPS = BLOCK / 32, NB = 256,
              DYNAMIC_BYTES = CHUNK * (CHUNK / 8 + 28) };  // the chunk's shared memory: the contract's shared_mem
 __device__ __forceinline__ float iou_threshold() { return DJ_NMS_IOU; }
 __device__ __forceinline__ float conf_threshold() { return DJ_NMS_CONF; }
 static_assert(BLOCK % 64 == 0 && BLOCK >= 128, "nms: block must be a multiple of 64, at least 128");
+static_assert(WORDS >= 1 && WORDS <= 32, "nms: chunk must be 32 .. 1024 boxes (a group's words, one per lane)");
+
+// bench/nms_profile.py compiles a copy with DJ_NMS_PROFILE defined: thread 0 then notes clock64() at
+// each DJ_NMS_MARK (after a barrier, so the slowest warp's step ends there) and block 0 prints the
+// steps' cycles on one launch in 64. Without it the marks are nothing.
+#ifdef DJ_NMS_PROFILE
+__device__ unsigned dj_nms_profile_launches;
+#define DJ_NMS_MARK(k) do { if (threadIdx.x == 0) s_prof[k] = clock64(); } while (0)
+#else
+#define DJ_NMS_MARK(k) do {} while (0)
+#endif
 
 // Positive floats order like their bits; the inverted anchor index breaks ties toward the lower
 // anchor. Keys are unique (anchors are), so the order is deterministic.
@@ -47,88 +58,113 @@ __device__ __forceinline__ bool suppresses(float4 a, int ca, float4 b, int cb) {
     return deepjit::iou(a, b) > iou_threshold();
 }
 
-// Marks, for each box i of a chunk of m, the higher-scored boxes of its group (members[gstart[g] ..
-// gstart[g] + gsize[g])) that suppress it: bit c of cols[w * CHUNK + i] for box 64 w + c
-// (torchvision's 64-bit words, zeroed beforehand). SPLIT adjacent lanes share a box, each testing
-// every SPLIT-th member. Suppressing pairs are few and rarely share a word, so their bits go straight
-// to shared memory (atomicOr) instead of through registers and shuffles.
-template <int SPLIT, bool AGNOSTIC>
-__device__ __forceinline__ void mask_rows(int m, const float4* cb, const int* cc, const int* members,
-                                          const int* gstart, const int* gsize, u64* cols) {
-    for (int i = threadIdx.x / SPLIT; i < m; i += BLOCK / SPLIT) {
-        const int g = AGNOSTIC ? 0 : cc[i] & (NB - 1);
-        const float4 bi = cb[i];
-        const int ci = cc[i], end = gstart[g] + gsize[g];
-        for (int k = gstart[g] + threadIdx.x % SPLIT; k < end; k += SPLIT) {
-            const int j = members[k];
-            if (j < i && suppresses<AGNOSTIC>(cb[j], cc[j], bi, ci)) atomicOr(&cols[(j >> 6) * CHUNK + i], 1ull << (j & 63));
-        }
-    }
-}
-
-// The greedy outcome of a chunk of m boxes from its suppressor masks (mask_rows), in block-wide rounds
-// ending in a barrier. A round reads the state words (kept32/gone32) the previous round left and writes
-// the next state to the other pair (spare_*): only the warp owning boxes 32 k .. 32 k + 31 writes word
-// k, and no word is read and written in the same round, so the rounds are race-free (compute-sanitizer's
-// racecheck) without atomics. The settled state ends in kept32/gone32.
-__device__ __forceinline__ void settle_rounds(int m, const u64* cols, unsigned* kept32, unsigned* gone32,
-                                              unsigned* spare_kept, unsigned* spare_gone) {
-    const int m32 = (m + 31) & ~31;
-    unsigned *rk = kept32, *rg = gone32, *wk = spare_kept, *wg = spare_gone;
-    bool pending;
-    do {
-        pending = false;
-        for (int i = threadIdx.x; i < m32; i += BLOCK) {  // the same trip count in every lane of a warp
-            const unsigned me = 1u << (i & 31);
-            bool keep = false, gone = false;
-            if (i < m && !((rk[i >> 5] | rg[i >> 5]) & me)) {
-                bool open = false;  // a suppressor is still unsettled
-                for (int w = 0; w <= i / 64; ++w) {
-                    const u64 col = cols[w * CHUNK + i];
-                    const u64 kept = ((u64)rk[2 * w + 1] << 32) | rk[2 * w];
-                    const u64 dead = ((u64)rg[2 * w + 1] << 32) | rg[2 * w];
-                    gone |= (col & kept) != 0ull;
-                    open |= (col & ~(kept | dead)) != 0ull;
-                }
-                keep = !gone && !open;
-                pending |= !gone && open;
-            }
-            const unsigned kb = __ballot_sync(deepjit::kFullMask, keep);
-            const unsigned gb = __ballot_sync(deepjit::kFullMask, gone);
-            if ((threadIdx.x & 31) == 0) {  // every word below m32 / 32, every round: the state carries over
-                wk[i >> 5] = rk[i >> 5] | kb;
-                wg[i >> 5] = rg[i >> 5] | gb;
-            }
-        }
-        unsigned* t = rk; rk = wk; wk = t;
-        t = rg; rg = wg; wg = t;
-    } while (__syncthreads_or(pending));
-    if (rk != kept32) {  // an odd number of rounds: the state is in the spare pair
-        for (int k = threadIdx.x; k < m32 / 32; k += BLOCK) {
-            kept32[k] = rk[k];
-            gone32[k] = rg[k];
-        }
-        __syncthreads();
-    }
-}
-
-// Bucket starts from bucket sizes, highest bucket first (one warp; NB = 32 lanes x 8).
-__device__ __forceinline__ void bucket_starts(const int* size, int* start) {
-    const int lane = threadIdx.x & 31;
-    int v[8], own = 0;
+// The OR of v over the warp.
+__device__ __forceinline__ unsigned warp_or(unsigned v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_or_sync(deepjit::kFullMask, v);
+#else
 #pragma unroll
-    for (int k = 0; k < 8; ++k) own += v[k] = size[8 * lane + k];
-    int above = own;  // the sum over lanes >= this one, then over lanes > it
+    for (int d = 16; d > 0; d >>= 1) v |= __shfl_xor_sync(deepjit::kFullMask, v, d);
+    return v;
+#endif
+}
+
+// Bucket starts from bucket sizes, highest bucket first (one warp; NB = 32 lanes x 8). With `list`,
+// also the non-empty buckets in that order, and their count in *count.
+__device__ __forceinline__ void bucket_starts(const int* size, int* start, int* list = nullptr, int* count = nullptr) {
+    const int lane = threadIdx.x & 31;
+    int v[8], own = 0, used = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        own += v[k] = size[8 * lane + k];
+        used += v[k] > 0;
+    }
+    int above = own, later = used;  // sums over lanes >= this one, then over lanes > it
 #pragma unroll
     for (int d = 1; d < 32; d *= 2) {
         const int t = __shfl_down_sync(deepjit::kFullMask, above, d);
-        if (lane + d < 32) above += t;
+        const int u = __shfl_down_sync(deepjit::kFullMask, later, d);
+        if (lane + d < 32) {
+            above += t;
+            later += u;
+        }
     }
+    if (lane == 0 && count != nullptr) *count = later;
     above -= own;
+    later -= used;
 #pragma unroll
     for (int k = 7; k >= 0; --k) {
         start[8 * lane + k] = above;
         above += v[k];
+        if (list != nullptr && v[k] > 0) list[later++] = 8 * lane + k;
+    }
+}
+
+// The suppressor masks of a chunk grouped by class (gb, gc: the boxes and classes, each group a run of
+// positions in score order from its start): bit c of word w of the box at position p, cols[w * CHUNK + p],
+// is set when member 32 w + c of p's group, which comes before p, suppresses it. SPLIT adjacent lanes
+// share a box, each testing every SPLIT-th earlier member (most rows have a few: groups are small).
+// Each word has one writer: nothing is zeroed.
+template <int SPLIT, bool AGNOSTIC>
+__device__ __forceinline__ void mask_groups(int m, const float4* gb, const int* gc, const int* gstart, unsigned* cols) {
+    const int part = threadIdx.x % SPLIT;
+    const int rows = (m * SPLIT + BLOCK - 1) / BLOCK;  // the same trip count in every thread: shuffles below
+    for (int r = 0; r < rows; ++r) {
+        const int p = threadIdx.x / SPLIT + r * (BLOCK / SPLIT);
+        const int q = min(p, m - 1);
+        const float4 bp = gb[q];
+        const int cp = gc[q];
+        const int first = gstart[AGNOSTIC ? 0 : cp & (NB - 1)];
+        const int k = p < m ? p - first : 0;  // p's place in its group: the members before it
+        int words = (k + 31) >> 5;
+        int most = words;
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) most = max(most, __shfl_xor_sync(deepjit::kFullMask, most, d));
+        for (int w = 0; w < most; ++w) {
+            unsigned bits = 0u;
+            const int n = min(32, k - 32 * w);
+#pragma unroll 4
+            for (int c = part; c < n; c += SPLIT) {
+                const int j = first + 32 * w + c;
+                bits |= suppresses<AGNOSTIC>(gb[j], gc[j], bp, cp) ? 1u << c : 0u;
+            }
+#pragma unroll
+            for (int d = 1; d < SPLIT; d *= 2) bits |= __shfl_xor_sync(deepjit::kFullMask, bits, d);
+            if (part == 0 && w < words) cols[w * CHUNK + p] = bits;
+        }
+    }
+}
+
+// The greedy outcome of a chunk grouped by class, a warp per group (groups are independent), from its
+// masks (mask_groups): a lane per member, 32 members at a time in score order. A member is dropped when
+// a member kept in an earlier 32 (or a box kept in an earlier chunk: gone32, by position) suppresses it;
+// then the members of its 32 that suppress others of them are walked in order, each one still alive
+// kept and dropping those it suppresses. Those are the only serial steps, usually a handful. A kept
+// member sets bit gidx[p] (its place in the chunk's score order) of kept32.
+__device__ __forceinline__ void settle_groups(const unsigned* cols, const int* glist, int groups, const int* gstart,
+                                              const int* gsize, const int* gidx, const unsigned* gone32,
+                                              unsigned* kept32) {
+    const int lane = threadIdx.x & 31;
+    for (int e = threadIdx.x >> 5; e < groups; e += WARPS) {
+        const int g = glist[e], first = gstart[g], size = gsize[g];
+        unsigned mine = 0u;  // lane t: the kept members 32 t .. 32 t + 31
+        for (int t = 0; 32 * t < size; ++t) {
+            const int k = 32 * t + lane, p = first + k;
+            bool gone = k >= size || ((gone32[p >> 5] >> (p & 31)) & 1u);
+            for (int w = 0; w < t; ++w) {
+                const unsigned kw = __shfl_sync(deepjit::kFullMask, mine, w);
+                if (!gone) gone = (cols[w * CHUNK + p] & kw) != 0u;
+            }
+            const unsigned own = k < size && lane > 0 ? cols[t * CHUNK + p] : 0u;  // members of this 32 before it
+            unsigned alive = __ballot_sync(deepjit::kFullMask, !gone);
+            for (unsigned todo = alive & warp_or(own); todo != 0u; todo &= alive) {
+                const int c = __ffs(todo) - 1;  // alive: no kept member suppresses it, so it is kept
+                todo &= todo - 1u;
+                alive &= ~__ballot_sync(deepjit::kFullMask, (own >> c) & 1u);
+            }
+            if (lane == t) mine = alive;
+            if ((alive >> lane) & 1u) atomicOr(&kept32[gidx[p] >> 5], 1u << (gidx[p] & 31));
+        }
     }
 }
 
@@ -160,30 +196,26 @@ __device__ void bitonic_desc(u64* keys, int* slots, int n) {
 // for the next decode launch.
 // 1. Sort by (score desc, anchor asc). Up to one candidate per thread (the usual case: a few
 //    hundred): a counting pass puts the keys in score buckets, and each thread ranks its key against
-//    its own bucket only, then moves its candidate to that place in shared memory. When they all
-//    fit in one chunk, the same passes group them by class for step 2. More candidates take a
-//    bitonic sort of (key, slot) pairs, in shared memory up to sort_capacity and in the global
-//    workspace beyond.
-// 2. Greedy NMS over the sorted candidates, CHUNK at a time. Boxes suppressed by boxes kept from
-//    earlier chunks are marked first. A counting pass groups the chunk by class, so each box is
-//    tested against the higher-scored boxes of its own class only (all of them when agnostic),
-//    giving the bitmask of the boxes that would suppress it (torchvision's 64-bit words). The greedy
-//    outcome then settles in block-wide rounds: a box is dropped once a kept box suppresses it, and
-//    kept once every box that could suppress it is dropped. A round settles at least the first
-//    unsettled box and usually nearly all, where a one-thread greedy walk would take a dependent
-//    step per box. Greedy decisions never depend on later boxes, so max_det keeps the first max_det.
-//    (Settling each class in one warp's registers instead was slower: its members are a serial
-//    chain per warp. So was one thread per class group walking its boxes' 64-bit suppressor words
-//    in order where every group has at most 64 boxes: bench/RESULTS.md, 2026-12-02 session 3.)
+//    its own bucket only. When they all fit in one chunk, the same passes group them by class (each
+//    key ranked within its class too), and each candidate moves straight to its place in the grouped
+//    chunk. More candidates take a bitonic sort of (key, slot) pairs, in shared memory up to
+//    sort_capacity and in the global workspace beyond, and are grouped a chunk at a time.
+// 2. Greedy NMS over the sorted candidates, CHUNK at a time, a chunk grouped by class (one group when
+//    agnostic), each group in score order. Boxes suppressed by boxes kept from earlier chunks are
+//    marked first. Each box is tested against the earlier members of its group only (mask_groups:
+//    torchvision's bitmasks, in 32-bit words), and each group settles in one warp (settle_groups):
+//    greedy NMS never looks across classes. The kept boxes then go out in score order, up to max_det.
+//    (All pairs in 32 x 32 tiles, settle rounds with a barrier each, and a class-blind walk of the
+//    chunk were slower: bench/RESULTS.md, 2026-12-02 session 4.)
 template <int MAX_DET, bool AGNOSTIC>
 __device__ __forceinline__ void nms_image(
     int b, int images, int* cand_count, const float* cand_boxes, const float* cand_scores, const int* cand_classes,
     const int* cand_index, int K, unsigned char* workspace, int ws_stride,
     int* num_dets, float* boxes, float* scores, int* classes)
 {
-    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 16 + CHUNK / 2 + 8 };
+    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 20 + WORDS * 8 + 16 };
     static_assert(STATIC_BYTES <= 48 * 1024,
-                  "nms: sort_capacity * 12 + max_det * 20 bytes must fit in 44 KiB of static shared memory");
+                  "nms: sort_capacity * 12 + max_det * 20 bytes must fit in 42 KiB of static shared memory");
     static_assert(STATIC_BYTES + DYNAMIC_BYTES <= deepjit::kMaxSharedOptin,
                   "nms: chunk * (chunk / 8 + 28) + sort_capacity * 12 + max_det * 20 bytes exceed the shared "
                   "memory a block may have on this target SM (deepjit::kMaxSharedOptin): lower chunk");
@@ -191,34 +223,43 @@ __device__ __forceinline__ void nms_image(
     __shared__ float4 s_kept_box[MAX_DET];  // kept so far, for the chunks after the first
     __shared__ int s_kept_cls[MAX_DET];
     __shared__ int s_size[NB], s_start[NB];  // score buckets of the sort: sizes and starts
-    __shared__ int s_gsize[NB], s_gstart[NB];  // class groups of the chunk: sizes and starts
-    __shared__ unsigned s_kept32[CHUNK / 32], s_gone32[CHUNK / 32];  // settled boxes of the chunk, by bit
-    __shared__ unsigned s_kept32b[CHUNK / 32], s_gone32b[CHUNK / 32];  // the other pair of settle_rounds
-    __shared__ int s_valid, s_kept;
+    __shared__ int s_gsize[NB], s_gstart[NB], s_glist[NB];  // class groups of the chunk: sizes, starts, the non-empty
+    __shared__ unsigned s_gone32[WORDS];  // chunk boxes suppressed by earlier chunks, by position
+    __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order
+    __shared__ int s_valid, s_kept, s_groups;
+#ifdef DJ_NMS_PROFILE
+    __shared__ long long s_prof[12];
+    for (int k = threadIdx.x; k < 12; k += BLOCK) s_prof[k] = 0;
+    __syncthreads();
+#endif
+    DJ_NMS_MARK(0);
     extern __shared__ float4 s_dynamic[];  // DYNAMIC_BYTES, carved below
-    u64* s_cols = reinterpret_cast<u64*>(s_dynamic);  // word w of box i: bit c set = box 64 w + c suppresses box i
-    float4* s_chunk_box = reinterpret_cast<float4*>(s_cols + WORDS * CHUNK);  // a chunk gathered (bitonic path)
+    unsigned* s_cols = reinterpret_cast<unsigned*>(s_dynamic);  // mask_groups' words (first: group members)
+    float4* s_chunk_box = reinterpret_cast<float4*>(s_cols + WORDS * CHUNK);  // a chunk grouped after the sort
     float* s_chunk_score = reinterpret_cast<float*>(s_chunk_box + CHUNK);
     int* s_chunk_cls = reinterpret_cast<int*>(s_chunk_score + CHUNK);
-    int* s_members = s_chunk_cls + CHUNK;  // the chunk's boxes grouped by class
+    int* s_gidx = s_chunk_cls + CHUNK;  // a grouped box's place in the chunk's score order
 
     const int tid = threadIdx.x;
     const size_t base = (size_t)b * K;
     const float4* cand_box4 = reinterpret_cast<const float4*>(cand_boxes);
     float4* out_box4 = reinterpret_cast<float4*>(boxes);
     for (int k = tid; k < NB; k += BLOCK) s_size[k] = s_gsize[k] = 0;
-    for (int k = tid; k < CHUNK / 32; k += BLOCK) s_kept32[k] = s_gone32[k] = 0u;
-    for (int k = tid; k < WORDS * CHUNK; k += BLOCK) s_cols[k] = 0ull;
+    for (int k = tid; k < WORDS; k += BLOCK) s_gone32[k] = s_kept32[k] = 0u;
     if (tid == 0) s_kept = 0;
+    __syncthreads();  // zeroed before the counting atomics below; costs nothing while the wait holds
     deepjit::wait_previous();  // launched early on sm_90+: the decode's candidates are complete from here
                                // (a no-op when not launched early)
     const int found = __ldcg(cand_count + b);  // one broadcast load; reset by thread 0 after a barrier
     const int n = found < K ? found : K;
+    DJ_NMS_MARK(1);
     const bool by_rank = n <= BLOCK && 2 * n <= SORT_CAP;
     const bool grouped = by_rank && n <= CHUNK;  // one chunk, grouped by class during the sort
     u64* keys = reinterpret_cast<u64*>(s_sort);
+    u64* gkeys = keys + n;  // the keys again, bucketed by class (grouped)
     int* slots = reinterpret_cast<int*>(s_sort + SORT_CAP * sizeof(u64));
-    // ranked candidates (rank path), written over the bucketed keys once every thread has its rank
+    // ranked candidates (rank path), written over the bucketed keys once every thread has its rank:
+    // in score order, or grouped by class
     float4* r_box = reinterpret_cast<float4*>(s_sort);
     float* r_score = reinterpret_cast<float*>(s_sort + (size_t)16 * n);
     int* r_cls = reinterpret_cast<int*>(s_sort + (size_t)20 * n);
@@ -234,27 +275,38 @@ __device__ __forceinline__ void nms_image(
         const u64 key = tid < n && score > conf_threshold() ? sort_key(score, anchor) : 0ull;
         const int bucket = key != 0ull ? score_bucket(key) : 0;
         const int group = AGNOSTIC ? 0 : cls & (NB - 1);
-        valid = __syncthreads_count(key != 0ull);
-        if (tid == 0) cand_count[b] = 0;  // every thread has read it: the next decode appends from zero
         const int at = key != 0ull ? atomicAdd(&s_size[bucket], 1) : 0;
         const int at_group = grouped && key != 0ull ? atomicAdd(&s_gsize[group], 1) : 0;
-        __syncthreads();
+        valid = __syncthreads_count(key != 0ull);  // and the bucket sizes are complete
+        DJ_NMS_MARK(2);
+        if (tid == 0) cand_count[b] = 0;  // every thread has read it: the next decode appends from zero
         if (tid < 32) bucket_starts(s_size, s_start);
-        else if (grouped && tid < 64) bucket_starts(s_gsize, s_gstart);
+        else if (grouped && tid < 64) bucket_starts(s_gsize, s_gstart, s_glist, &s_groups);
         __syncthreads();
-        const int first = s_start[bucket];
-        if (key != 0ull) keys[first + at] = key;
-        __syncthreads();
-        int rank = first;
+        DJ_NMS_MARK(3);
+        const int first = s_start[bucket], gfirst = grouped ? s_gstart[group] : 0;
         if (key != 0ull) {
-            for (int j = first; j < first + s_size[bucket]; ++j) rank += keys[j] > key;
+            keys[first + at] = key;
+            if (grouped) gkeys[gfirst + at_group] = key;
         }
         __syncthreads();
+        DJ_NMS_MARK(4);
+        int rank = first, grank = gfirst;
         if (key != 0ull) {
-            r_box[rank] = box;
-            r_score[rank] = score;
-            r_cls[rank] = cls;
-            if (grouped) s_members[s_gstart[group] + at_group] = rank;
+            for (int j = first; j < first + s_size[bucket]; ++j) rank += keys[j] > key;
+            if (grouped && !AGNOSTIC) {  // agnostic: one group, in score order
+#pragma unroll 4
+                for (int j = gfirst; j < gfirst + s_gsize[group]; ++j) grank += gkeys[j] > key;
+            }
+        }
+        if (AGNOSTIC) grank = rank;
+        __syncthreads();
+        if (key != 0ull) {
+            const int at_place = grouped ? grank : rank;
+            r_box[at_place] = box;
+            r_score[at_place] = score;
+            r_cls[at_place] = cls;
+            if (grouped) s_gidx[grank] = rank;
         }
     } else {
         if (tid == 0) s_valid = 0;
@@ -285,87 +337,120 @@ __device__ __forceinline__ void nms_image(
 
     for (int c0 = 0; c0 < valid; c0 += CHUNK) {
         __syncthreads();  // the previous chunk (or the sort) is done with the shared buffers
+        DJ_NMS_MARK(5);
         const int kept0 = s_kept;
         if (kept0 >= MAX_DET) break;
         const int m = min((int)CHUNK, valid - c0);
-        const float4* cb = by_rank ? r_box + c0 : s_chunk_box;
-        const float* cs = by_rank ? r_score + c0 : s_chunk_score;
-        const int* cc = by_rank ? r_cls + c0 : s_chunk_cls;
+        const float4* gb = grouped ? r_box : s_chunk_box;
+        const float* gs = grouped ? r_score : s_chunk_score;
+        const int* gc = grouped ? r_cls : s_chunk_cls;
         if (!grouped) {
-            for (int i = tid; i < CHUNK; i += BLOCK) {
-                if (!by_rank && i < m) {
-                    const size_t slot = base + slots[c0 + i];
-                    s_chunk_box[i] = __ldcg(cand_box4 + slot);
-                    s_chunk_score[i] = __ldcg(cand_scores + slot);
-                    s_chunk_cls[i] = __ldcg(cand_classes + slot);
-                }
-                if (c0 > 0 && i < CHUNK / 32) s_kept32[i] = s_gone32[i] = 0u;  // the first chunk's are zeroed above
-            }
-            for (int k = tid; c0 > 0 && k < WORDS * CHUNK; k += BLOCK) s_cols[k] = 0ull;
-            for (int k = tid; k < NB; k += BLOCK) s_gsize[k] = 0;
-            __syncthreads();
-
-            // a. Chunk boxes suppressed by boxes kept from earlier chunks: a warp per box, its lanes
-            //    checking every 32nd kept box.
-            if (kept0 > 0) {
-                const int lane = tid & 31;
-                for (int j = tid >> 5; j < m; j += BLOCK / 32) {
-                    const float4 bj = cb[j];
-                    const int cj = cc[j];
-                    bool hit = false;
-                    for (int k = lane; k < kept0 && !hit; k += 32)
-                        hit = suppresses<AGNOSTIC>(s_kept_box[k], s_kept_cls[k], bj, cj);
-                    if (__any_sync(deepjit::kFullMask, hit) && lane == 0) atomicOr(&s_gone32[j >> 5], 1u << (j & 31));
-                }
-            }
-            // b. Group the chunk by class (one group when agnostic).
-            int at[PER];  // each box's place in its group
+            // Group the chunk by class: count, starts, members, then each box's place among its group's
+            // members (their order in the chunk), and gather it there. The members list lives where the
+            // masks will.
+            enum : int { PER = (CHUNK + BLOCK - 1) / BLOCK };  // chunk boxes per thread
+            int cls[PER], at[PER];
 #pragma unroll
             for (int r = 0; r < PER; ++r) {
                 const int i = tid + r * BLOCK;
-                if (i < m) at[r] = atomicAdd(&s_gsize[AGNOSTIC ? 0 : cc[i] & (NB - 1)], 1);
+                if (i < m) {
+                    cls[r] = by_rank ? r_cls[c0 + i] : __ldcg(cand_classes + base + slots[c0 + i]);
+                    at[r] = atomicAdd(&s_gsize[AGNOSTIC ? 0 : cls[r] & (NB - 1)], 1);
+                }
+                if (i < WORDS) s_gone32[i] = s_kept32[i] = 0u;
             }
             __syncthreads();
-            if (tid < 32) bucket_starts(s_gsize, s_gstart);
+            if (tid < 32) bucket_starts(s_gsize, s_gstart, s_glist, &s_groups);
             __syncthreads();
+            int* members = reinterpret_cast<int*>(s_cols);
 #pragma unroll
             for (int r = 0; r < PER; ++r) {
                 const int i = tid + r * BLOCK;
-                if (i < m) s_members[s_gstart[AGNOSTIC ? 0 : cc[i] & (NB - 1)] + at[r]] = i;
+                if (i < m) members[s_gstart[AGNOSTIC ? 0 : cls[r] & (NB - 1)] + at[r]] = i;
+            }
+            __syncthreads();
+            int place[PER];
+#pragma unroll
+            for (int r = 0; r < PER; ++r) {
+                const int i = tid + r * BLOCK;
+                if (i < m) {
+                    const int g = AGNOSTIC ? 0 : cls[r] & (NB - 1), first = s_gstart[g];
+                    place[r] = first;
+                    for (int j = first; j < first + s_gsize[g]; ++j) place[r] += members[j] < i;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < PER; ++r) {
+                const int i = tid + r * BLOCK;
+                if (i < m) {
+                    const int p = place[r];
+                    if (by_rank) {
+                        s_chunk_box[p] = r_box[c0 + i];
+                        s_chunk_score[p] = r_score[c0 + i];
+                    } else {
+                        const size_t slot = base + slots[c0 + i];
+                        s_chunk_box[p] = __ldcg(cand_box4 + slot);
+                        s_chunk_score[p] = __ldcg(cand_scores + slot);
+                    }
+                    s_chunk_cls[p] = cls[r];
+                    s_gidx[p] = i;
+                }
             }
             __syncthreads();
         }
-        // c. Test each box against the higher-scored boxes of its group (up to 4 lanes per box where
-        //    the chunk is small; SPLIT is a template argument, so the strides are constants), then
-        //    settle the greedy outcome in rounds.
-        if (4 * m <= BLOCK) mask_rows<4, AGNOSTIC>(m, cb, cc, s_members, s_gstart, s_gsize, s_cols);
-        else if (2 * m <= BLOCK) mask_rows<2, AGNOSTIC>(m, cb, cc, s_members, s_gstart, s_gsize, s_cols);
-        else mask_rows<1, AGNOSTIC>(m, cb, cc, s_members, s_gstart, s_gsize, s_cols);
+        // a. Chunk boxes suppressed by boxes kept from earlier chunks: a warp per box, its lanes
+        //    checking every 32nd kept box.
+        if (kept0 > 0) {
+            const int lane = tid & 31;
+            for (int j = tid >> 5; j < m; j += WARPS) {
+                const float4 bj = gb[j];
+                const int cj = gc[j];
+                bool hit = false;
+                for (int k = lane; k < kept0 && !hit; k += 32)
+                    hit = suppresses<AGNOSTIC>(s_kept_box[k], s_kept_cls[k], bj, cj);
+                if (__any_sync(deepjit::kFullMask, hit) && lane == 0) atomicOr(&s_gone32[j >> 5], 1u << (j & 31));
+            }
+        }
+        // b. Each box against the earlier members of its group (up to 8 lanes per box where the chunk
+        //    is small; SPLIT is a template argument, so the strides are constants), then each group's
+        //    greedy outcome.
+        if (8 * m <= BLOCK) mask_groups<8, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
+        else if (4 * m <= BLOCK) mask_groups<4, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
+        else if (2 * m <= BLOCK) mask_groups<2, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
+        else mask_groups<1, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
         __syncthreads();
-        settle_rounds(m, s_cols, s_kept32, s_gone32, s_kept32b, s_gone32b);
+        DJ_NMS_MARK(6);
+        settle_groups(s_cols, s_glist, s_groups, s_gstart, s_gsize, s_gidx, s_gone32, s_kept32);
+        __syncthreads();
+        DJ_NMS_MARK(7);
 
-        // d. Append the kept boxes in score order, up to max_det: to the outputs, and to the list
-        //    later chunks check against.
-        for (int i = tid; i < m; i += BLOCK) {
-            const unsigned me = 1u << (i & 31);
-            if (s_kept32[i >> 5] & me) {
-                int pos = kept0 + __popc(s_kept32[i >> 5] & (me - 1u));
-                for (int v = 0; v < (i >> 5); ++v) pos += __popc(s_kept32[v]);
+        // c. The kept boxes in score order, up to max_det: to the outputs, and to the list later chunks
+        //    check against. A box's place: the kept boxes before it in the chunk's score order.
+        for (int p = tid; p < m; p += BLOCK) {
+            const int i = s_gidx[p];
+            const unsigned w = s_kept32[i >> 5], me = 1u << (i & 31);
+            if (w & me) {
+                int pos = kept0 + __popc(w & (me - 1u));
+#pragma unroll
+                for (int v = 0; v < WORDS; ++v) pos += v < (i >> 5) ? __popc(s_kept32[v]) : 0;  // independent loads
                 if (pos < MAX_DET) {
                     const size_t o = (size_t)b * MAX_DET + pos;
-                    out_box4[o] = s_kept_box[pos] = cb[i];
-                    scores[o] = cs[i];
-                    classes[o] = s_kept_cls[pos] = cc[i];
+                    out_box4[o] = s_kept_box[pos] = gb[p];
+                    scores[o] = gs[p];
+                    classes[o] = s_kept_cls[pos] = gc[p];
                 }
             }
         }
+        for (int k = tid; k < NB; k += BLOCK) s_gsize[k] = 0;  // for the next chunk's grouping
         if (tid == 0) {
             int kept = kept0;
-            for (int v = 0; v < CHUNK / 32; ++v) kept += __popc(s_kept32[v]);
+#pragma unroll
+            for (int v = 0; v < WORDS; ++v) kept += __popc(s_kept32[v]);
             s_kept = min(kept, MAX_DET);
         }
     }
     __syncthreads();
+    DJ_NMS_MARK(8);
 
     const int kept = s_kept;
     if (tid == 0) num_dets[b] = kept;
@@ -375,6 +460,15 @@ __device__ __forceinline__ void nms_image(
         scores[o] = 0.0f;
         classes[o] = 0;
     }
+#ifdef DJ_NMS_PROFILE
+    if (tid == 0 && b == 0 && atomicAdd(&dj_nms_profile_launches, 1u) % 64u == 63u) {
+        printf("nms profile: candidates %d kept %d | wait+count %lld  loads+buckets %lld  starts %lld  keys %lld  "
+               "rank+scatter %lld  masks %lld  settle %lld  append %lld | total %lld cycles\n", n, kept,
+               s_prof[1] - s_prof[0], s_prof[2] - s_prof[1], s_prof[3] - s_prof[2], s_prof[4] - s_prof[3],
+               s_prof[5] - s_prof[4], s_prof[6] - s_prof[5], s_prof[7] - s_prof[6], s_prof[8] - s_prof[7],
+               s_prof[8] - s_prof[0]);
+    }
+#endif
 }
 
 }  // namespace dj_nms

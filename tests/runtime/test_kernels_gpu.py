@@ -400,7 +400,8 @@ def nms_semantics(params) -> dict:
 def test_fused_decode_nms_match_reference_detections(gpu, target, cache, batch, case, decode_way):
     """One launch: each image's last decode block runs its NMS; the detections are the cut subgraph +
     NMS reference's, whichever NMS path the block takes (block 128: more candidates than threads, the
-    bitonic sort; agnostic: one group of hundreds, the settle rounds; 1024: the small-group walk)."""
+    bitonic sort; agnostic: one group of hundreds, one warp settling it 32 at a time; 1024: a thread per
+    candidate)."""
     ref, facts, inputs = decode_site()
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False, **FUSED_CASES[case]}
     skip_if_chunk_too_big(params, target)
