@@ -17,9 +17,11 @@ namespace dj_nms {
 using u64 = unsigned long long;
 
 // CHUNK: sorted candidates settled at once, WORDS: 32-bit words of a bitset over a chunk (and the most
-// mask words a box has), WARPS: the block's warps; NB: buckets of the counting sorts (by score, by class).
+// mask words a box has), WARPS: the block's warps; NB: buckets of the counting sorts (by score, by class);
+// PAIRS_FLAT: the most same-class pairs a one-chunk image tests a thread per pair (mask_pairs; more take
+// mask_groups' rows: past 4 pairs a thread, the pair search costs more than the rows' waits).
 enum : int { BLOCK = DJ_NMS_BLOCK, SORT_CAP = DJ_NMS_SORT_CAP, CHUNK = DJ_NMS_CHUNK, WORDS = CHUNK / 32,
-             WARPS = BLOCK / 32, NB = 256,
+             WARPS = BLOCK / 32, NB = 256, PAIRS_FLAT = 4 * BLOCK,
              DYNAMIC_BYTES = CHUNK * (CHUNK / 8 + 28) };  // the chunk's shared memory: the contract's shared_mem
 __device__ __forceinline__ float iou_threshold() { return DJ_NMS_IOU; }
 __device__ __forceinline__ float conf_threshold() { return DJ_NMS_CONF; }
@@ -70,33 +72,45 @@ __device__ __forceinline__ unsigned warp_or(unsigned v) {
 }
 
 // Bucket starts from bucket sizes, highest bucket first (one warp; NB = 32 lanes x 8). With `list`,
-// also the non-empty buckets in that order, and their count in *count.
-__device__ __forceinline__ void bucket_starts(const int* size, int* start, int* list = nullptr, int* count = nullptr) {
+// also the non-empty buckets in that order, and their count in *count. With `pairs`, also each listed
+// bucket's first pair: pairs[e] = the pairs s (s - 1) / 2 of the buckets listed before entry e (and
+// pairs[count] = all of them), for mask_pairs.
+__device__ __forceinline__ void bucket_starts(const int* size, int* start, int* list = nullptr, int* count = nullptr,
+                                              int* pairs = nullptr) {
     const int lane = threadIdx.x & 31;
-    int v[8], own = 0, used = 0;
+    int v[8], own = 0, used = 0, twos = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         own += v[k] = size[8 * lane + k];
         used += v[k] > 0;
+        twos += v[k] * (v[k] - 1) / 2;
     }
-    int above = own, later = used;  // sums over lanes >= this one, then over lanes > it
+    int above = own, later = used, pairs_above = twos;  // sums over lanes >= this one, then over lanes > it
 #pragma unroll
     for (int d = 1; d < 32; d *= 2) {
         const int t = __shfl_down_sync(deepjit::kFullMask, above, d);
         const int u = __shfl_down_sync(deepjit::kFullMask, later, d);
+        const int w = pairs != nullptr ? __shfl_down_sync(deepjit::kFullMask, pairs_above, d) : 0;
         if (lane + d < 32) {
             above += t;
             later += u;
+            pairs_above += w;
         }
     }
     if (lane == 0 && count != nullptr) *count = later;
+    if (lane == 0 && pairs != nullptr) pairs[later] = pairs_above;
     above -= own;
     later -= used;
+    pairs_above -= twos;
 #pragma unroll
     for (int k = 7; k >= 0; --k) {
         start[8 * lane + k] = above;
         above += v[k];
-        if (list != nullptr && v[k] > 0) list[later++] = 8 * lane + k;
+        if (list != nullptr && v[k] > 0) {
+            if (pairs != nullptr) pairs[later] = pairs_above;
+            pairs_above += v[k] * (v[k] - 1) / 2;
+            list[later++] = 8 * lane + k;
+        }
     }
 }
 
@@ -132,6 +146,30 @@ __device__ __forceinline__ void mask_groups(int m, const float4* gb, const int* 
             for (int d = 1; d < SPLIT; d *= 2) bits |= __shfl_xor_sync(deepjit::kFullMask, bits, d);
             if (part == 0 && w < words) cols[w * CHUNK + p] = bits;
         }
+    }
+}
+
+// The same masks from a thread per same-group pair, for chunks with few pairs (mask_groups' rows are
+// as long as a box's group, so its warps wait on their longest row): pair r of listed group e (its
+// first pair pairs[e], bucket_starts) is members (u, v), v < u, r = u (u - 1) / 2 + v, and a
+// suppressing pair sets bit v % 32 of word v / 32 of member u, by atomicOr: the words read later
+// (w < (u + 31) / 32) must be zero before. The tests are few per thread and independent.
+template <bool AGNOSTIC>
+__device__ __forceinline__ void mask_pairs(int groups, const int* glist, const int* pairs, const int* gstart,
+                                           const float4* gb, const int* gc, unsigned* cols) {
+    int top = 1;  // the binary search's first step: a power of two >= groups
+    while (top < groups) top <<= 1;
+    for (int q = threadIdx.x; q < pairs[groups]; q += BLOCK) {
+        int e = 0;  // the last listed group whose first pair is <= q
+        for (int step = top >> 1; step > 0; step >>= 1)
+            if (e + step < groups && pairs[e + step] <= q) e += step;
+        const int r = q - pairs[e];
+        int u = (int)((1.0f + sqrtf(8.0f * (float)r + 1.0f)) * 0.5f);  // then exact: u (u - 1) / 2 <= r < u (u + 1) / 2
+        u -= u * (u - 1) / 2 > r;
+        u += u * (u + 1) / 2 <= r;
+        const int v = r - u * (u - 1) / 2, first = gstart[glist[e]];
+        if (suppresses<AGNOSTIC>(gb[first + v], gc[first + v], gb[first + u], gc[first + u]))
+            atomicOr(&cols[(v >> 5) * CHUNK + first + u], 1u << (v & 31));
     }
 }
 
@@ -202,8 +240,9 @@ __device__ void bitonic_desc(u64* keys, int* slots, int n) {
 //    sort_capacity and in the global workspace beyond, and are grouped a chunk at a time.
 // 2. Greedy NMS over the sorted candidates, CHUNK at a time, a chunk grouped by class (one group when
 //    agnostic), each group in score order. Boxes suppressed by boxes kept from earlier chunks are
-//    marked first. Each box is tested against the earlier members of its group only (mask_groups:
-//    torchvision's bitmasks, in 32-bit words), and each group settles in one warp (settle_groups):
+//    marked first. Each box is tested against the earlier members of its group only (torchvision's
+//    bitmasks, in 32-bit words: a thread per same-class pair, mask_pairs, where one chunk holds them
+//    all and the pairs are few; else a row per box, mask_groups), and each group settles in one warp (settle_groups):
 //    greedy NMS never looks across classes. The kept boxes then go out in score order, up to max_det.
 //    (All pairs in 32 x 32 tiles, settle rounds with a barrier each, and a class-blind walk of the
 //    chunk were slower: bench/RESULTS.md, 2026-12-02 session 4.)
@@ -213,7 +252,7 @@ __device__ __forceinline__ void nms_image(
     const int* cand_index, int K, unsigned char* workspace, int ws_stride,
     int* num_dets, float* boxes, float* scores, int* classes)
 {
-    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 20 + WORDS * 8 + 16 };
+    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 24 + WORDS * 8 + 20 };
     static_assert(STATIC_BYTES <= 48 * 1024,
                   "nms: sort_capacity * 12 + max_det * 20 bytes must fit in 42 KiB of static shared memory");
     static_assert(STATIC_BYTES + DYNAMIC_BYTES <= deepjit::kMaxSharedOptin,
@@ -224,6 +263,7 @@ __device__ __forceinline__ void nms_image(
     __shared__ int s_kept_cls[MAX_DET];
     __shared__ int s_size[NB], s_start[NB];  // score buckets of the sort: sizes and starts
     __shared__ int s_gsize[NB], s_gstart[NB], s_glist[NB];  // class groups of the chunk: sizes, starts, the non-empty
+    __shared__ int s_gpairs[NB + 1];  // the listed groups' first pairs (one chunk: mask_pairs)
     __shared__ unsigned s_gone32[WORDS];  // chunk boxes suppressed by earlier chunks, by position
     __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order
     __shared__ int s_valid, s_kept, s_groups;
@@ -247,10 +287,17 @@ __device__ __forceinline__ void nms_image(
     for (int k = tid; k < NB; k += BLOCK) s_size[k] = s_gsize[k] = 0;
     for (int k = tid; k < WORDS; k += BLOCK) s_gone32[k] = s_kept32[k] = 0u;
     if (tid == 0) s_kept = 0;
-    __syncthreads();  // zeroed before the counting atomics below; costs nothing while the wait holds
     deepjit::wait_previous();  // launched early on sm_90+: the decode's candidates are complete from here
                                // (a no-op when not launched early)
     const int found = __ldcg(cand_count + b);  // one broadcast load; reset by thread 0 after a barrier
+    // A thread's candidate (the rank path's), loaded with the count rather than after it: slots past the
+    // count are read (in bounds) and ignored.
+    const bool in_buf = tid < K;
+    const float score = in_buf ? __ldcg(cand_scores + base + tid) : 0.0f;
+    const int anchor = in_buf ? __ldcg(cand_index + base + tid) : 0;
+    const float4 box = in_buf ? __ldcg(cand_box4 + base + tid) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int cls = in_buf ? __ldcg(cand_classes + base + tid) : 0;
+    __syncthreads();  // zeroed before the counting atomics below, while the loads are in flight
     const int n = found < K ? found : K;
     DJ_NMS_MARK(1);
     const bool by_rank = n <= BLOCK && 2 * n <= SORT_CAP;
@@ -265,12 +312,6 @@ __device__ __forceinline__ void nms_image(
     int* r_cls = reinterpret_cast<int*>(s_sort + (size_t)20 * n);
     int valid;
     if (by_rank) {
-        // Loads do not wait for the count: slots past it are read (in bounds) and ignored.
-        const bool in_buf = tid < K;
-        const float score = in_buf ? __ldcg(cand_scores + base + tid) : 0.0f;
-        const int anchor = in_buf ? __ldcg(cand_index + base + tid) : 0;
-        const float4 box = in_buf ? __ldcg(cand_box4 + base + tid) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const int cls = in_buf ? __ldcg(cand_classes + base + tid) : 0;
         // scores <= conf_threshold keep key 0 and are dropped
         const u64 key = tid < n && score > conf_threshold() ? sort_key(score, anchor) : 0ull;
         const int bucket = key != 0ull ? score_bucket(key) : 0;
@@ -281,7 +322,7 @@ __device__ __forceinline__ void nms_image(
         DJ_NMS_MARK(2);
         if (tid == 0) cand_count[b] = 0;  // every thread has read it: the next decode appends from zero
         if (tid < 32) bucket_starts(s_size, s_start);
-        else if (grouped && tid < 64) bucket_starts(s_gsize, s_gstart, s_glist, &s_groups);
+        else if (grouped && tid < 64) bucket_starts(s_gsize, s_gstart, s_glist, &s_groups, s_gpairs);
         __syncthreads();
         DJ_NMS_MARK(3);
         const int first = s_start[bucket], gfirst = grouped ? s_gstart[group] : 0;
@@ -306,7 +347,10 @@ __device__ __forceinline__ void nms_image(
             r_box[at_place] = box;
             r_score[at_place] = score;
             r_cls[at_place] = cls;
-            if (grouped) s_gidx[grank] = rank;
+            if (grouped) {
+                s_gidx[grank] = rank;
+                for (int w = 0; 32 * w < grank - gfirst; ++w) s_cols[w * CHUNK + grank] = 0u;  // mask_pairs ORs into them
+            }
         }
     } else {
         if (tid == 0) s_valid = 0;
@@ -414,7 +458,8 @@ __device__ __forceinline__ void nms_image(
         // b. Each box against the earlier members of its group (up to 8 lanes per box where the chunk
         //    is small; SPLIT is a template argument, so the strides are constants), then each group's
         //    greedy outcome.
-        if (8 * m <= BLOCK) mask_groups<8, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
+        if (grouped && s_gpairs[s_groups] <= PAIRS_FLAT) mask_pairs<AGNOSTIC>(s_groups, s_glist, s_gpairs, s_gstart, gb, gc, s_cols);
+        else if (8 * m <= BLOCK) mask_groups<8, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
         else if (4 * m <= BLOCK) mask_groups<4, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
         else if (2 * m <= BLOCK) mask_groups<2, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
         else mask_groups<1, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);

@@ -553,6 +553,7 @@ def check_nms_alone(gpu, kernel, x, cands, params) -> int:
 @pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
 @pytest.mark.parametrize("agnostic, logit_mean, classes, what", [
     (False, -4.8, 3, "about 170 boxes in 3 classes: big class groups"),
+    (False, -5.0, 2, "about 75 boxes in 2 classes: groups past 32 boxes, each box tested by pairs"),
     (True, -7.3, NC, "about 14 boxes, agnostic"),
     (True, -6.4, NC, "about 140 boxes, agnostic: one group")])
 def test_nms_alone_crowded_classes_and_agnostic(gpu, target, cache, block, chunk, agnostic, logit_mean, classes, what):
@@ -566,6 +567,10 @@ def test_nms_alone_crowded_classes_and_agnostic(gpu, target, cache, block, chunk
     counts = cands["cand_count"]
     if "14 boxes" in what:
         assert 3 <= counts.min() and counts.max() <= 32, counts
+    elif "by pairs" in what:  # mask_pairs: one chunk, same-class pairs <= 4 per thread, masks of two words
+        for n, c in zip(counts, cands["cand_classes"]):
+            sizes = np.bincount(c[:n])
+            assert sizes.max() > 32 and (sizes * (sizes - 1) // 2).sum() <= 4 * block, sizes
     else:
         assert 100 < counts.min() and counts.max() <= min(block, chunk), counts  # one chunk, bucket sort
     assert check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params) >= 4
