@@ -242,8 +242,8 @@ __device__ void bitonic_desc(u64* keys, int* slots, int n) {
 //    agnostic), each group in score order. Boxes suppressed by boxes kept from earlier chunks are
 //    marked first. Each box is tested against the earlier members of its group only (torchvision's
 //    bitmasks, in 32-bit words: a thread per same-class pair, mask_pairs, where one chunk holds them
-//    all and the pairs are few; else a row per box, mask_groups), and each group settles in one warp (settle_groups):
-//    greedy NMS never looks across classes. The kept boxes then go out in score order, up to max_det.
+//    all and the pairs are few; else a row per box, mask_groups), and each group settles in one warp
+//    (settle_groups): greedy NMS never looks across classes. The kept boxes then go out in score order, up to max_det.
 //    (All pairs in 32 x 32 tiles, settle rounds with a barrier each, and a class-blind walk of the
 //    chunk were slower: bench/RESULTS.md, 2026-12-02 session 4.)
 template <int MAX_DET, bool AGNOSTIC>
