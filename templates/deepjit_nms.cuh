@@ -349,7 +349,8 @@ __device__ __forceinline__ void nms_image(
             r_cls[at_place] = cls;
             if (grouped) {
                 s_gidx[grank] = rank;
-                for (int w = 0; 32 * w < grank - gfirst; ++w) s_cols[w * CHUNK + grank] = 0u;  // mask_pairs ORs into them
+                // mask_pairs ORs into them
+                for (int w = 0; 32 * w < grank - gfirst; ++w) s_cols[w * CHUNK + grank] = 0u;
             }
         }
     } else {
@@ -458,7 +459,8 @@ __device__ __forceinline__ void nms_image(
         // b. Each box against the earlier members of its group (up to 8 lanes per box where the chunk
         //    is small; SPLIT is a template argument, so the strides are constants), then each group's
         //    greedy outcome.
-        if (grouped && s_gpairs[s_groups] <= PAIRS_FLAT) mask_pairs<AGNOSTIC>(s_groups, s_glist, s_gpairs, s_gstart, gb, gc, s_cols);
+        if (grouped && s_gpairs[s_groups] <= PAIRS_FLAT)
+            mask_pairs<AGNOSTIC>(s_groups, s_glist, s_gpairs, s_gstart, gb, gc, s_cols);
         else if (8 * m <= BLOCK) mask_groups<8, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
         else if (4 * m <= BLOCK) mask_groups<4, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
         else if (2 * m <= BLOCK) mask_groups<2, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
