@@ -1,6 +1,7 @@
 """Where the nms block's time goes (not a test): clock64() cycles per step, thread 0 of image 0.
 
     python3 bench/nms_profile.py [--batches 1 8] [--block 1024] [--chunk 512] [--contract kernels/nms.yaml]
+                                 [--object-classes 80]
 
 Compiles a copy of the nms contract's template with DJ_NMS_PROFILE defined (templates/deepjit_nms.cuh:
 a mark after each block barrier) and runs it on bench/postprocess.py's data sets; the kernel prints one
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from postprocess import CONF, IOU, MAX_DET, REPO, bench_deepjit, decode_site, head_maps  # noqa: E402
+from postprocess import CONF, IOU, MAX_DET, NC, REPO, bench_deepjit, decode_site, head_maps, object_classes  # noqa: E402
 
 from deepjit_compiler.jit.contracts import load_contract  # noqa: E402
 from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
@@ -42,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--block", type=int, default=1024)
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--contract", type=Path, default=REPO / "kernels" / "nms.yaml")
+    ap.add_argument("--object-classes", type=object_classes, default=NC,
+                    help="as bench/postprocess.py's (1: a crowded frame of one class)")
     args = ap.parse_args(argv)
     import torch  # bench_deepjit holds the stream with torch's sleep kernel while it queues
 
@@ -56,7 +59,7 @@ def main(argv=None) -> int:
                                   spec_dir=".")
         for batch in args.batches:  # inside: the runtime reads the contract again
             print(f"== batch {batch} (plain, graph, then nms alone)", flush=True)
-            sets = [head_maps(np.random.default_rng(batch), batch)] * 4
+            sets = [head_maps(np.random.default_rng(batch), batch, args.object_classes)] * 4
             bench_deepjit(gpu, decode, nms, site, sets, 128, torch)
             gpu.sync()
             sys.stdout.flush()

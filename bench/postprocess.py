@@ -3,7 +3,7 @@
     python3 bench/postprocess.py [--batches 1 8 32] [--iters 200] [--append bench/RESULTS.md] [--json out.json]
                                  [--head-dtypes float32 float16] [--decode-contract PATH] [--nms-contract PATH]
                                  [--spec pipelines/yolov8_t4.yaml] [--bandwidth-gbs 320] [--estimate-only]
-                                 [--fused [--fused-block 1024] [--fused-chunk 256]]
+                                 [--fused [--fused-block 1024] [--fused-chunk 256]] [--object-classes 80]
 
 --decode-contract / --nms-contract time your own contract (a kernels/*.yaml copy with its template)
 in place of the built-in one, e.g. an earlier version as the same-run baseline.
@@ -61,8 +61,9 @@ CONF, IOU, MAX_DET = 0.25, 0.45, 300
 ROTATE = 4  # input sets cycled through, so repeated runs do not just re-read L2
 
 
-def head_maps(rng: np.random.Generator, batch: int) -> list[dict[str, np.ndarray]]:
-    """Class logits low except 3x3 patches around ~33 objects per image; DFL logits biased low."""
+def head_maps(rng: np.random.Generator, batch: int, classes: int = NC) -> list[dict[str, np.ndarray]]:
+    """Class logits low except 3x3 patches around ~33 objects per image, each of one of the first
+    `classes` classes (1: a crowd of one class); DFL logits biased low."""
     levels = []
     for s in STRIDES:
         n = SIZE // s
@@ -72,7 +73,7 @@ def head_maps(rng: np.random.Generator, batch: int) -> list[dict[str, np.ndarray
         for _ in range(8400 // 250):
             lv = levels[rng.choice(3, p=[0.7, 0.2, 0.1])]
             n = lv["cls"].shape[2]
-            y, x, c = rng.integers(0, n), rng.integers(0, n), rng.integers(0, NC)
+            y, x, c = rng.integers(0, n), rng.integers(0, n), rng.integers(0, classes)
             patch = lv["cls"][b, c, max(0, y - 1):y + 2, max(0, x - 1):x + 2]
             patch[...] = rng.normal(0.8, 1.2, patch.shape)
     return levels
@@ -390,6 +391,12 @@ def table(rows: list[tuple]) -> str:
     return "\n".join(lines)
 
 
+def object_classes(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= NC:
+        raise argparse.ArgumentTypeError(f"{text!r}: the objects' classes are 1 to {NC} (the maps' classes)")
+    return int(text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
@@ -413,6 +420,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fused", action="store_true", help="also time yolov8_decode mode nms (one launch)")
     ap.add_argument("--fused-block", type=int, help="its block (decode and NMS; default: --nms-block)")
     ap.add_argument("--fused-chunk", type=int, default=256, help="its NMS chunk")
+    ap.add_argument("--object-classes", type=object_classes, default=NC, metavar=f"1..{NC}",
+                    help="the objects' classes are drawn from the first this many (1: a crowded frame of one class)")
     args = ap.parse_args(argv)
     command = f"python3 bench/postprocess.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     bandwidth = args.bandwidth_gbs * 1e9
@@ -421,7 +430,8 @@ def main(argv=None) -> int:
     kernels = spec_kernels(args.spec, dict.fromkeys([SPEC_DTYPES.get(load_spec(args.spec).spec.engine.precision,
                                                                        "float32"), "float32"]))
     max_batch = spec_max_batch(args.spec)
-    cands = {b: candidates_per_image(head_maps(np.random.default_rng(b), b), CONF) for b in args.batches}
+    cands = {b: candidates_per_image(head_maps(np.random.default_rng(b), b, args.object_classes), CONF)
+             for b in args.batches}
     if args.estimate_only:  # the first maps of each batch's seeded sets: the same as a measured run's
         rows = traffic_rows(kernels, args.batches, cands, bandwidth)
         text = f"Command: `{command}`\n\n" + traffic_table(rows, bandwidth, str(spec_name), max_batch=max_batch)
@@ -459,7 +469,7 @@ def main(argv=None) -> int:
     rows, record, measured = [], {}, {}
     for batch in args.batches:
         rng = np.random.default_rng(batch)
-        sets = [head_maps(rng, batch) for _ in range(ROTATE)]
+        sets = [head_maps(rng, batch, args.object_classes) for _ in range(ROTATE)]
         for dtype in args.head_dtypes:
             decode = decoders[dtype]
             typed = [typed_maps(m, dtype) for m in sets]

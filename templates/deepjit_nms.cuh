@@ -28,12 +28,15 @@ __device__ __forceinline__ float conf_threshold() { return DJ_NMS_CONF; }
 static_assert(BLOCK % 64 == 0 && BLOCK >= 128, "nms: block must be a multiple of 64, at least 128");
 static_assert(WORDS >= 1 && WORDS <= 32, "nms: chunk must be 32 .. 1024 boxes (a group's words, one per lane)");
 
-// bench/nms_profile.py compiles a copy with DJ_NMS_PROFILE defined: thread 0 then notes clock64() at
-// each DJ_NMS_MARK (after a barrier, so the slowest warp's step ends there) and block 0 prints the
-// steps' cycles on one launch in 64. Without it the marks are nothing.
+// bench/nms_profile.py compiles a copy with DJ_NMS_PROFILE defined: each DJ_NMS_MARK (after a barrier)
+// then keeps the latest clock64() of the block's warps, and block 0 prints the steps' cycles on one
+// launch in 64. The latest, not thread 0's: the compiler may read the clock before the barrier, and
+// thread 0's reading would then be its own warp's arrival, not the step's end. Without it the marks
+// are nothing.
 #ifdef DJ_NMS_PROFILE
 __device__ unsigned dj_nms_profile_launches;
-#define DJ_NMS_MARK(k) do { if (threadIdx.x == 0) s_prof[k] = clock64(); } while (0)
+#define DJ_NMS_MARK(k) \
+    do { if ((threadIdx.x & 31) == 0) atomicMax(&s_prof[k], (unsigned long long)clock64()); } while (0)
 #else
 #define DJ_NMS_MARK(k) do {} while (0)
 #endif
@@ -188,11 +191,12 @@ __device__ __forceinline__ void settle_groups(const unsigned* cols, const int* g
         unsigned mine = 0u;  // lane t: the kept members 32 t .. 32 t + 31
         for (int t = 0; 32 * t < size; ++t) {
             const int k = 32 * t + lane, p = first + k;
-            bool gone = k >= size || ((gone32[p >> 5] >> (p & 31)) & 1u);
+            unsigned hits = 0u;  // kept members of earlier 32s that suppress it (independent loads)
             for (int w = 0; w < t; ++w) {
                 const unsigned kw = __shfl_sync(deepjit::kFullMask, mine, w);
-                if (!gone) gone = (cols[w * CHUNK + p] & kw) != 0u;
+                if (k < size) hits |= cols[w * CHUNK + p] & kw;
             }
+            const bool gone = k >= size || ((gone32[p >> 5] >> (p & 31)) & 1u) || hits != 0u;
             const unsigned own = k < size && lane > 0 ? cols[t * CHUNK + p] : 0u;  // members of this 32 before it
             unsigned alive = __ballot_sync(deepjit::kFullMask, !gone);
             for (unsigned todo = alive & warp_or(own); todo != 0u; todo &= alive) {
@@ -268,7 +272,7 @@ __device__ __forceinline__ void nms_image(
     __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order
     __shared__ int s_valid, s_kept, s_groups;
 #ifdef DJ_NMS_PROFILE
-    __shared__ long long s_prof[12];
+    __shared__ unsigned long long s_prof[12];
     for (int k = threadIdx.x; k < 12; k += BLOCK) s_prof[k] = 0;
     __syncthreads();
 #endif

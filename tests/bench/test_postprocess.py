@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import REPO, YOLOV8N_T4
 
@@ -63,3 +64,26 @@ def test_the_bandwidth_and_an_fp32_spec_change_the_estimate(t4_rows, tmp_path):
     (before,) = [r for r in rows if r["batch"] == 8 and r["head_maps"] == "float32" and r["kernel"].startswith("decode")]
     (after,) = [r for r in doubled if r["kernel"].startswith("decode")]
     assert after["read"] == before["read"] and after["us_at_bandwidth"] == pytest.approx(before["us_at_bandwidth"] / 2)
+
+
+def test_object_classes_draws_the_objects_from_the_first_classes():
+    """--object-classes 1: a crowded frame, nearly every candidate of one class (the background
+    logits of the other classes still pass the threshold now and then); the default spreads them."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from postprocess import CONF, head_maps
+
+    def candidate_classes(maps):
+        logits = np.concatenate([lv["cls"][0].reshape(80, -1) for lv in maps], axis=1)
+        keep = 1 / (1 + np.exp(-logits.max(axis=0))) > CONF
+        return logits.argmax(axis=0)[keep]
+
+    crowd = candidate_classes(head_maps(np.random.default_rng(1), 1, 1))
+    spread = candidate_classes(head_maps(np.random.default_rng(1), 1))
+    assert len(crowd) > 200 and np.mean(crowd == 0) > 0.9, np.bincount(crowd)
+    assert len(np.unique(spread)) > 20 and np.bincount(spread).max() < 0.2 * len(spread)
+
+
+def test_object_classes_outside_the_maps_classes_is_refused(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "postprocess.py"), "--estimate-only",
+                        "--object-classes", "81"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--object-classes: '81'" in r.stderr and "1 to 80" in r.stderr, r.stderr

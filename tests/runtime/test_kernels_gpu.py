@@ -554,6 +554,7 @@ def check_nms_alone(gpu, kernel, x, cands, params) -> int:
 @pytest.mark.parametrize("agnostic, logit_mean, classes, what", [
     (False, -4.8, 3, "about 170 boxes in 3 classes: big class groups"),
     (False, -5.0, 2, "about 75 boxes in 2 classes: groups past 32 boxes, each box tested by pairs"),
+    (False, -4.1, 1, "about 190 boxes of one class: a crowd, one group settled 32 members at a time"),
     (True, -7.3, NC, "about 14 boxes, agnostic"),
     (True, -6.4, NC, "about 140 boxes, agnostic: one group")])
 def test_nms_alone_crowded_classes_and_agnostic(gpu, target, cache, block, chunk, agnostic, logit_mean, classes, what):
@@ -574,6 +575,8 @@ def test_nms_alone_crowded_classes_and_agnostic(gpu, target, cache, block, chunk
             assert sizes.max() > 32 and (sizes * (sizes - 1) // 2).sum() <= 4 * block, sizes
     else:
         assert 100 < counts.min() and counts.max() <= min(block, chunk), counts  # one chunk, bucket sort
+        if "crowd" in what:  # one group of every box: settle_groups walks it in several 32s
+            assert all(np.bincount(c[:n]).max() == n for n, c in zip(counts, cands["cand_classes"]))
     assert check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params) >= 4
 
 
