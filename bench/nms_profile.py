@@ -1,11 +1,11 @@
-"""Where the nms block's time goes (not a test): clock64() cycles per step, thread 0 of image 0.
+"""Where the nms block's time goes (not a test): clock64() cycles per step of image 0's block.
 
     python3 bench/nms_profile.py [--batches 1 8] [--block 1024] [--chunk 512] [--contract kernels/nms.yaml]
                                  [--object-classes 80]
 
 Compiles a copy of the nms contract's template with DJ_NMS_PROFILE defined (templates/deepjit_nms.cuh:
-a mark after each block barrier) and runs it on bench/postprocess.py's data sets; the kernel prints one
-line per 64 launches. Marks cost a few cycles each, so totals are a little above the plain kernel's.
+a mark after each block barrier, a step ending when its last warp gets there) and runs it on
+bench/postprocess.py's data sets; the kernel prints one line per 64 launches. Marks cost a few cycles each, so totals are a little above the plain kernel's.
 """
 from __future__ import annotations
 

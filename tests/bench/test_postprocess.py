@@ -70,10 +70,10 @@ def test_object_classes_draws_the_objects_from_the_first_classes():
     """--object-classes 1: a crowded frame, nearly every candidate of one class (the background
     logits of the other classes still pass the threshold now and then); the default spreads them."""
     sys.path.insert(0, str(REPO / "bench"))
-    from postprocess import CONF, head_maps
+    from postprocess import CONF, NC, head_maps
 
     def candidate_classes(maps):
-        logits = np.concatenate([lv["cls"][0].reshape(80, -1) for lv in maps], axis=1)
+        logits = np.concatenate([lv["cls"][0].reshape(NC, -1) for lv in maps], axis=1)
         keep = 1 / (1 + np.exp(-logits.max(axis=0))) > CONF
         return logits.argmax(axis=0)[keep]
 
