@@ -107,14 +107,37 @@ template <> __device__ __forceinline__ void store_vec<8>(float* __restrict__ p, 
 }
 
 // IoU of two (x1, y1, x2, y2) boxes, op by op as docs/semantics.md:
-// inter / (area1 + area2 - inter), every step rounded in fp32.
-__device__ __forceinline__ float iou(float4 a, float4 b) {
+// inter / (area1 + area2 - inter), every step rounded in fp32. iou_parts gives inter and the union.
+__device__ __forceinline__ float2 iou_parts(float4 a, float4 b) {
     const float iw = fmaxf(0.0f, __fsub_rn(fminf(a.z, b.z), fmaxf(a.x, b.x)));
     const float ih = fmaxf(0.0f, __fsub_rn(fminf(a.w, b.w), fmaxf(a.y, b.y)));
     const float inter = __fmul_rn(iw, ih);
     const float area_a = __fmul_rn(__fsub_rn(a.z, a.x), __fsub_rn(a.w, a.y));
     const float area_b = __fmul_rn(__fsub_rn(b.z, b.x), __fsub_rn(b.w, b.y));
-    return __fdiv_rn(inter, __fsub_rn(__fadd_rn(area_a, area_b), inter));
+    return make_float2(inter, __fsub_rn(__fadd_rn(area_a, area_b), inter));
+}
+
+__device__ __forceinline__ float iou(float4 a, float4 b) {
+    const float2 p = iou_parts(a, b);
+    return __fdiv_rn(p.x, p.y);
+}
+
+// iou(a, b) > t, exactly, without the division where the answer is plain (the NMS's every test). The
+// rounded quotient is > t exactly when inter / uni passes the midpoint between t and the next float.
+// f = fma(-t, uni, inter) is inter - t * uni rounded once, so it has that difference's sign: f < 0 means
+// the quotient is below t (disjoint boxes: inter 0). f > k * uni, k at least 16 times half an ulp of t,
+// means it is past the midpoint. In between (a quotient within ~1e-6 of t), and where uni is tiny, huge,
+// infinite or NaN, the division decides: a branch that almost no thread takes, so a warp testing 32
+// different pairs does not split on each pair's outcome.
+__device__ __forceinline__ bool iou_above(float4 a, float4 b, float t) {
+    const float2 p = iou_parts(a, b);
+    const float inter = p.x, uni = p.y;
+    const bool in_range = uni > 0x1p-40f && uni < 0x1p100f;  // k * uni stays a normal float, -ftz or not
+    const float f = fmaf(-t, uni, inter);
+    const bool below = in_range & (f < 0.0f);
+    const bool above = in_range & (f > __fmul_rn(__fmul_rn(fmaxf(t, 0x1p-60f), 0x1p-20f), uni));
+    if (below | above) return above;
+    return __fdiv_rn(inter, uni) > t;
 }
 
 }  // namespace deepjit

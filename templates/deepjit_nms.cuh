@@ -55,12 +55,13 @@ __device__ __forceinline__ int score_bucket(u64 key) {
     return min(NB - 1, (int)(((unsigned)(key >> 32) - lo) >> shift));
 }
 
-// Does box a (class ca) suppress box b (class cb)? Other classes and disjoint boxes need no division.
+// Does box a (class ca) suppress box b (class cb)? Computed in full for every pair, without early exits:
+// a warp's lanes test different pairs, and a branch on each test (disjoint or not) split the warp on
+// every test (ncu, a crowded frame: 1 lane of 29 in the IoU). Disjoint boxes have inter 0, which
+// iou_above decides without the division.
 template <bool AGNOSTIC>
 __device__ __forceinline__ bool suppresses(float4 a, int ca, float4 b, int cb) {
-    if (!AGNOSTIC && ca != cb) return false;
-    if (fminf(a.z, b.z) <= fmaxf(a.x, b.x) || fminf(a.w, b.w) <= fmaxf(a.y, b.y)) return false;  // IoU 0
-    return deepjit::iou(a, b) > iou_threshold();
+    return (AGNOSTIC || ca == cb) & deepjit::iou_above(a, b, iou_threshold());
 }
 
 // The OR of v over the warp.
@@ -120,8 +121,11 @@ __device__ __forceinline__ void bucket_starts(const int* size, int* start, int* 
 // The suppressor masks of a chunk grouped by class (gb, gc: the boxes and classes, each group a run of
 // positions in score order from its start): bit c of word w of the box at position p, cols[w * CHUNK + p],
 // is set when member 32 w + c of p's group, which comes before p, suppresses it. SPLIT adjacent lanes
-// share a box, each testing every SPLIT-th earlier member (most rows have a few: groups are small).
-// Each word has one writer: nothing is zeroed.
+// share a box, each testing every SPLIT-th earlier member, in as many rounds of BLOCK / SPLIT boxes as
+// the chunk needs: a row is as long as its box's place in the group (a crowd of one class: 284 tests
+// for the last of 285), and the block waits on its longest, so 4 lanes a box in two rounds beat 2 in
+// one (bench/RESULTS.md, 2026-12-02 session 9). A warp's boxes read each member together (one broadcast
+// load). Each word has one writer: nothing is zeroed.
 template <int SPLIT, bool AGNOSTIC>
 __device__ __forceinline__ void mask_groups(int m, const float4* gb, const int* gc, const int* gstart, unsigned* cols) {
     const int part = threadIdx.x % SPLIT;
@@ -460,15 +464,13 @@ __device__ __forceinline__ void nms_image(
                 if (__any_sync(deepjit::kFullMask, hit) && lane == 0) atomicOr(&s_gone32[j >> 5], 1u << (j & 31));
             }
         }
-        // b. Each box against the earlier members of its group (up to 8 lanes per box where the chunk
-        //    is small; SPLIT is a template argument, so the strides are constants), then each group's
+        // b. Each box against the earlier members of its group (8 lanes a box where the chunk is small,
+        //    else 4; SPLIT is a template argument, so the strides are constants), then each group's
         //    greedy outcome.
         if (grouped && s_gpairs[s_groups] <= PAIRS_FLAT)
             mask_pairs<AGNOSTIC>(s_groups, s_glist, s_gpairs, s_gstart, gb, gc, s_cols);
         else if (8 * m <= BLOCK) mask_groups<8, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
-        else if (4 * m <= BLOCK) mask_groups<4, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
-        else if (2 * m <= BLOCK) mask_groups<2, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
-        else mask_groups<1, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);
+        else mask_groups<4, AGNOSTIC>(m, gb, gc, s_gstart, s_cols);  // 4 lanes a box, in rounds
         __syncthreads();
         DJ_NMS_MARK(6);
         settle_groups(s_cols, s_glist, s_groups, s_gstart, s_gsize, s_gidx, s_gone32, s_kept32);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
@@ -578,6 +579,67 @@ def test_nms_alone_crowded_classes_and_agnostic(gpu, target, cache, block, chunk
         if "crowd" in what:  # one group of every box: settle_groups walks it in several 32s
             assert all(np.bincount(c[:n]).max() == n for n, c in zip(counts, cands["cand_classes"]))
     assert check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params) >= 4
+
+
+THRESHOLD_KINDS = ("quotient below t", "quotient t, ratio above t", "quotient t, ratio at most t", "quotient above t")
+
+
+def threshold_pairs(rng, cells: int, t: np.float32) -> tuple[np.ndarray, list[str]]:
+    """output0 [1, 4 + NC, 2 * cells]: a pair of boxes in each of `cells` cells 80 px apart (disjoint from
+    the other pairs), whose IoU (float32, op by op as docs/semantics.md) is within an ulp of t; the cells
+    cycle through THRESHOLD_KINDS, where the exact ratio inter / union (Fractions) tells "quotient t" apart.
+    The first box of a pair scores higher; pair k has class k % NC. Returns output0 and the kinds."""
+    f32 = np.float32
+    ft = Fraction(float(t))
+    x = np.zeros((1, 4 + NC, 2 * cells), f32)
+    kinds = []
+    for k in range(cells):
+        want = THRESHOLD_KINDS[k % len(THRESHOLD_KINDS)]
+        n = 4000
+        w, h = rng.uniform(12, 40, n).astype(f32), rng.uniform(12, 40, n).astype(f32)
+        dx = (w * (1 - t) / (1 + t) * (1 + rng.normal(0, 2e-6, n))).astype(f32)  # IoU (w - dx) / (w + dx) ~ t
+        cx = (40 + 80 * (k % 8) + rng.uniform(0, 1, n)).astype(f32)
+        cy = np.full(n, 40 + 80 * (k // 8), f32)
+        a = [cx - w / f32(2), cy - h / f32(2), cx + w / f32(2), cy + h / f32(2)]
+        b = [cx + dx - w / f32(2), cy - h / f32(2), cx + dx + w / f32(2), cy + h / f32(2)]
+        iw = np.maximum(f32(0), np.minimum(a[2], b[2]) - np.maximum(a[0], b[0]))
+        ih = np.maximum(f32(0), np.minimum(a[3], b[3]) - np.maximum(a[1], b[1]))
+        inter = iw * ih
+        uni = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+        q = inter / uni
+        for i in np.flatnonzero(np.abs(q.view(np.int32) - t.view(np.int32)) <= 1):
+            ratio = Fraction(float(inter[i])) / Fraction(float(uni[i]))
+            kind = (THRESHOLD_KINDS[0] if q[i] < t else THRESHOLD_KINDS[3] if q[i] > t
+                    else THRESHOLD_KINDS[1] if ratio > ft else THRESHOLD_KINDS[2])
+            if kind == want:
+                break
+        else:
+            raise AssertionError(f"cell {k}: no pair of kind {want!r} among {n} samples")
+        kinds.append(kind)
+        for j, (bx, score) in enumerate([(cx[i], 0.9 - 0.002 * k), (cx[i] + dx[i], 0.5 - 0.002 * k)]):
+            x[0, :4, 2 * k + j] = [bx, cy[i], w[i], h[i]]
+            x[0, 4 + k % NC, 2 * k + j] = score
+    return x, kinds
+
+
+@pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
+@pytest.mark.parametrize("classes", ["one", "a class a pair"])
+def test_nms_alone_iou_at_the_threshold(gpu, target, cache, block, chunk, classes):
+    """Pairs whose IoU rounds to the threshold's neighbours, to it from above or below, and past it
+    (the NMS's test decides most pairs without the division: docs/semantics.md). One class: a row per
+    box (mask_groups); a class a pair: a thread per pair (mask_pairs)."""
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
+    skip_if_chunk_too_big({"chunk": chunk}, target)
+    cells = 48
+    x, kinds = threshold_pairs(np.random.default_rng([block, len(classes)]), cells, np.float32(0.45))
+    if classes == "one":
+        x[:, 4] = x[:, 4:].max(axis=1)
+        x[:, 5:] = 0
+    nms = build("nms", {**params, "max_candidates": 2 * cells, "block": block, "chunk": chunk}, {}, target, cache)
+    cands = candidates_from_output0(x, params["conf_threshold"], 2 * cells)
+    assert cands["cand_count"][0] == 2 * cells
+    suppressed = sum(kind == THRESHOLD_KINDS[3] for kind in kinds)  # only a quotient above t suppresses
+    assert check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params) == 2 * cells - suppressed
 
 
 @pytest.mark.parametrize("block, chunk", [(128, 256), (512, 256), (1024, 256), (512, 512), (1024, 512), (1024, 1024)])
