@@ -166,17 +166,32 @@ __device__ __forceinline__ void mask_pairs(int groups, const int* glist, const i
                                            const float4* gb, const int* gc, unsigned* cols) {
     int top = 1;  // the binary search's first step: a power of two >= groups
     while (top < groups) top <<= 1;
-    for (int q = threadIdx.x; q < pairs[groups]; q += BLOCK) {
-        int e = 0;  // the last listed group whose first pair is <= q
-        for (int step = top >> 1; step > 0; step >>= 1)
-            if (e + step < groups && pairs[e + step] <= q) e += step;
-        const int r = q - pairs[e];
-        int u = (int)((1.0f + sqrtf(8.0f * (float)r + 1.0f)) * 0.5f);  // then exact: u (u - 1) / 2 <= r < u (u + 1) / 2
-        u -= u * (u - 1) / 2 > r;
-        u += u * (u + 1) / 2 <= r;
-        const int v = r - u * (u - 1) / 2, first = gstart[glist[e]];
-        if (suppresses<AGNOSTIC>(gb[first + v], gc[first + v], gb[first + u], gc[first + u]))
-            atomicOr(&cols[(v >> 5) * CHUNK + first + u], 1u << (v & 31));
+    const int total = pairs[groups];
+    // Pairs q and q + BLOCK at once: their searches and tests are independent, and most images have a
+    // little over BLOCK pairs, so a second pair no longer waits for the first.
+    for (int q0 = threadIdx.x; q0 < total; q0 += 2 * BLOCK) {
+        const int q[2] = {q0, min(q0 + BLOCK, total - 1)};
+        int e[2] = {0, 0};  // the last listed group whose first pair is <= q
+        for (int step = top >> 1; step > 0; step >>= 1) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                if (e[i] + step < groups && pairs[e[i] + step] <= q[i]) e[i] += step;
+        }
+        bool hit[2];
+        int word[2], bit[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = q[i] - pairs[e[i]];
+            int u = (int)((1.0f + sqrtf(8.0f * (float)r + 1.0f)) * 0.5f);  // then exact: u (u - 1) / 2 <= r < u (u + 1) / 2
+            u -= u * (u - 1) / 2 > r;
+            u += u * (u + 1) / 2 <= r;
+            const int v = r - u * (u - 1) / 2, first = gstart[glist[e[i]]];
+            hit[i] = suppresses<AGNOSTIC>(gb[first + v], gc[first + v], gb[first + u], gc[first + u]);
+            word[i] = (v >> 5) * CHUNK + first + u;
+            bit[i] = v & 31;
+        }
+        if (hit[0]) atomicOr(&cols[word[0]], 1u << bit[0]);
+        if (hit[1] && q0 + BLOCK < total) atomicOr(&cols[word[1]], 1u << bit[1]);
     }
 }
 
