@@ -626,7 +626,7 @@ def threshold_pairs(rng, cells: int, t: np.float32) -> tuple[np.ndarray, list[st
 @pytest.mark.parametrize("classes", ["one", "a class a pair"])
 def test_nms_alone_iou_at_the_threshold(gpu, target, cache, block, chunk, classes):
     """Pairs whose IoU rounds to the threshold's neighbours, to it from above or below, and past it
-    (the NMS's test decides most pairs without the division: docs/semantics.md). One class: a row per
+    (the NMS's test decides most pairs without the division: deepjit::iou_above, docs/design.md). One class: a row per
     box (mask_groups); a class a pair: a thread per pair (mask_pairs)."""
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
     skip_if_chunk_too_big({"chunk": chunk}, target)
