@@ -182,7 +182,8 @@ __device__ __forceinline__ void mask_pairs(int groups, const int* glist, const i
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int r = q[i] - pairs[e[i]];
-            int u = (int)((1.0f + sqrtf(8.0f * (float)r + 1.0f)) * 0.5f);  // then exact: u (u - 1) / 2 <= r < u (u + 1) / 2
+            // then exact: u (u - 1) / 2 <= r < u (u + 1) / 2
+            int u = (int)((1.0f + sqrtf(8.0f * (float)r + 1.0f)) * 0.5f);
             u -= u * (u - 1) / 2 > r;
             u += u * (u + 1) / 2 <= r;
             const int v = r - u * (u - 1) / 2, first = gstart[glist[e[i]]];

@@ -83,7 +83,7 @@ def test_object_classes_draws_the_objects_from_the_first_classes():
     assert len(np.unique(spread)) > 20 and np.bincount(spread).max() < 0.2 * len(spread)
 
 
-def test_object_classes_outside_the_maps_classes_is_refused(tmp_path):
+def test_object_classes_outside_the_maps_classes_is_refused():
     r = subprocess.run([sys.executable, str(REPO / "bench" / "postprocess.py"), "--estimate-only",
                         "--object-classes", "81"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--object-classes: '81'" in r.stderr and "1 to 80" in r.stderr, r.stderr
