@@ -407,7 +407,7 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dtypes", nargs="+", default=["float32", "float16"], choices=list(PRECISION_OF),
                     help="dtypes of the head maps DeepJIT's kernels are timed on, in the same run")
     ap.add_argument("--anchors-per-thread", type=int, default=4)
-    ap.add_argument("--lanes-per-anchor", type=int, default=1, help="yolov8_decode's lanes_per_anchor (1 or 4)")
+    ap.add_argument("--lanes-per-anchor", type=int, default=1, help="yolov8_decode's lanes_per_anchor (1, 2 or 4)")
     ap.add_argument("--nms-block", type=int, default=512, help="threads of the nms kernel's one block per image")
     ap.add_argument("--nms-chunk", type=int, help="nms's chunk (default: the contract's)")
     ap.add_argument("--decode-contract", default="yolov8_decode", help="contract name or YAML path")

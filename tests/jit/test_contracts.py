@@ -154,11 +154,12 @@ def test_decode_launch_geometry_and_typed_arg_order():
     assert args["cls_0"] == ("cls_0", "ptr", tensors["cls_0"])
 
 
-def test_four_lanes_per_anchor_launch_four_threads_per_anchor():
+@pytest.mark.parametrize("lanes, per_thread, threads", [(4, 1, 8400 * 4), (2, 2, 8400), (4, 2, 8400 * 2)])
+def test_lanes_per_anchor_launch_lanes_over_anchors_per_thread_threads_per_anchor(lanes, per_thread, threads):
     c = load_contract("yolov8_decode")
-    p = resolve_params(c, {"anchors_per_thread": 1, "lanes_per_anchor": 4}, FACTS)
+    p = resolve_params(c, {"anchors_per_thread": per_thread, "lanes_per_anchor": lanes}, FACTS)
     (launch,) = launches(c, p, bind_dims(c, p, head_shapes(3)), {s.name: 1 for s in signature(c, p)})
-    assert launch.grid == (-(-8400 * 4 // 128), 3, 1) and launch.block == (128, 1, 1)
+    assert launch.grid == (-(-threads // 128), 3, 1) and launch.block == (128, 1, 1)
 
 
 def test_concatenated_form_binds_anchors_from_its_input():

@@ -49,14 +49,15 @@ def test_sm90_build_and_fp16_inputs_find_cuda_fp16(tmp_path):
     assert "6__half" in k.symbol("decode")  # the template argument survives in the mangled name
 
 
-def test_four_lanes_per_anchor_is_for_the_candidates_mode_only(tmp_path):
-    k = compile_site_kernel("yolov8_decode", {"anchors_per_thread": 1, "lanes_per_anchor": 4}, FACTS, sm=75, cache_dir=tmp_path)
-    assert "__shfl_xor_sync(deepjit::kFullMask, best, d)" in k.source.code  # the four-lane kernel was rendered
-    for params in ({"mode": "output0", "anchors_per_thread": 1}, {"anchors_per_thread": 4}):
-        with pytest.raises(KernelCompileError, match=r"yolov8_decode.cu.j2:\d+: error: static assertion failed with "
-                                                     r"\"yolov8_decode: lanes_per_anchor 4 needs mode candidates or "
-                                                     r"nms, and anchors_per_thread 1\""):
-            compile_site_kernel("yolov8_decode", {**params, "lanes_per_anchor": 4}, FACTS, sm=75, cache_dir=tmp_path)
+def test_lanes_per_anchor_is_for_the_candidates_and_nms_modes_only(tmp_path):
+    for way in ({"anchors_per_thread": 1, "lanes_per_anchor": 4}, {"anchors_per_thread": 2, "lanes_per_anchor": 2}):
+        k = compile_site_kernel("yolov8_decode", way, FACTS, sm=75, cache_dir=tmp_path)
+        assert "merge_parts(lane, d, best[j], prev[j], arg[j])" in k.source.code  # the shared-anchor kernel
+    with pytest.raises(KernelCompileError, match=r"yolov8_decode.cu.j2:\d+: error: static assertion failed with "
+                                                 r"\"yolov8_decode: lanes_per_anchor above 1 needs mode candidates "
+                                                 r"or nms\""):
+        compile_site_kernel("yolov8_decode", {"mode": "output0", "anchors_per_thread": 2, "lanes_per_anchor": 2},
+                            FACTS, sm=75, cache_dir=tmp_path)
 
 
 def test_nms_chunk_must_fit_the_target_sms_shared_memory(tmp_path):

@@ -327,7 +327,8 @@ NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 2
              "block1024-chunk512": {"block": 1024, "chunk": 512},
              "agnostic-maxdet20-chunk512": {"agnostic": True, "max_det": 20, "block": 1024, "chunk": 512}}
 DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
-               "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4}}
+               "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4},
+               "2-lanes-per-2-anchors": {"anchors_per_thread": 2, "lanes_per_anchor": 2}}
 
 
 def skip_if_chunk_too_big(params, target):
@@ -377,6 +378,25 @@ def test_decode_then_nms_on_fp16_head_maps_match_the_fp16_builds_reference(gpu, 
     for r, t in zip(ref_iters, test_iters):
         total, images = match_detections(r, t)
         assert total >= images * 5  # the NMS had real work in every image
+
+
+@pytest.mark.parametrize("decode_way", list(DECODE_WAYS))
+def test_decode_then_nms_on_dynamic_sizes_with_odd_levels(gpu, cache, decode_way):
+    """Dynamic sizes: 384x640, then 224x96, whose levels (28x12, 14x6, 7x3) are odd, so a thread's or a
+    lane's anchors straddle levels or are misaligned and take the per-anchor loads."""
+    ref, facts, inputs = decode_site(dynamic=True)
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
+    target = (gpu.sm, "cubin")
+    decode = build("yolov8_decode", {"mode": "candidates", "conf_threshold": 0.25, **DECODE_WAYS[decode_way]},
+                   facts, target, cache)
+    nms = build("nms", params, facts, target, cache)
+    rng = np.random.default_rng(2496)
+    feeds = [site_feed(head_maps(rng, 2, size=(384, 640)), facts), site_feed(head_maps(rng, 1, size=(224, 96)), facts)]
+    reference = ort_runner(merged_reference(ref, nms_reference(NC, **params)), "onnxrt-cut-subgraph+nms-reference")
+    _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, decode, nms, inputs, "cubin"), feeds)
+    for r, t in zip(ref_iters, test_iters):
+        total, images = match_detections(r, t)
+        assert total >= images  # detections in every image
 
 
 # --- decode and NMS in one launch (yolov8_decode mode nms) ----------------------------------------
