@@ -1,6 +1,6 @@
 // Benchmark (not a test): how fast the YOLOv8 decode's class maps can be read, by access pattern.
 //
-//     nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/decode_reads bench/decode_reads.cu && /tmp/decode_reads
+//     nvcc -O3 -arch=sm_90 -std=c++17 -I templates -o /tmp/decode_reads bench/decode_reads.cu && /tmp/decode_reads
 //
 // The maps are those of a 640x640 input with 80 classes in fp16: per level, cls [B, 80, H, W] for H = W =
 // 80, 40, 20, four sets cycled through (as bench/postprocess.py does). Each kernel finds every anchor's
@@ -11,9 +11,13 @@
 //   warpsplit      SPLIT warps a block over 32 * APL anchors, warp w a 1/SPLIT share of the classes, each
 //                  lane APL anchors (a warp reads 64 * APL contiguous bytes of a class row); the parts
 //                  meet in shared memory
+//   lanes pP aplV  P parts of 32 / P lanes a warp, each lane V consecutive anchors, part q a 1/P share of the
+//                  classes (a warp load reads P rows, 64 / P * V contiguous bytes each); the parts merge in
+//                  shuffles, no barrier (lanes p4 apl1 is main's pattern again)
 // Printed per batch: µs a kernel in a graph of 20 (so launch gaps, not the graph launch, are included)
-// and the class bytes over that time. bench/RESULTS.md (2026-12-02 session 7) has one run.
+// and the class bytes over that time. bench/RESULTS.md has runs (2026-12-02 session 7, 2026-12-03 session 10).
 #include <cuda_fp16.h>
+#include "deepjit_common.cuh"
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -41,7 +45,8 @@ __global__ void __launch_bounds__(128) k_lanes4(Maps m, float thr) {
     float best = -1e30f; int arg = 0;
 #pragma unroll
     for (int k = 0; k < 20; ++k) {
-        const float v = __half2float(__ldg(base + (size_t)(part * 20 + k) * cs + p));
+        float v;
+        deepjit::load_vec<1>(base + (size_t)(part * 20 + k) * cs + p, &v);
         if (v > best) { best = v; arg = part * 20 + k; }
     }
 #pragma unroll
@@ -66,14 +71,10 @@ __global__ void __launch_bounds__(128) k_rows8(Maps m, float thr) {
     for (int j = 0; j < 8; ++j) { best[j] = -1e30f; arg[j] = 0; }
 #pragma unroll UNROLL
     for (int c = 0; c < NC; ++c) {
-        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(base + (size_t)c * cs + p));
-        const __half2* h = reinterpret_cast<const __half2*>(&raw);
+        float v[8];
+        deepjit::load_vec<8>(base + (size_t)c * cs + p, v);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const float lo = __low2float(h[k]), hi = __high2float(h[k]);
-            if (lo > best[2 * k]) { best[2 * k] = lo; arg[2 * k] = c; }
-            if (hi > best[2 * k + 1]) { best[2 * k + 1] = hi; arg[2 * k + 1] = c; }
-        }
+        for (int j = 0; j < 8; ++j) if (v[j] > best[j]) { best[j] = v[j]; arg[j] = c; }
     }
     int s = 0;
 #pragma unroll
@@ -104,23 +105,7 @@ __global__ void __launch_bounds__(32 * SPLIT) k_warpsplit(Maps m, float thr, int
         for (int k = 0; k < PER; ++k) {
             const int c = w * PER + k;
             float v[APL];
-            const __half* q = base + (size_t)c * cs + p;
-            if (APL == 8) {
-                const uint4 raw = __ldg(reinterpret_cast<const uint4*>(q));
-                const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-                for (int i = 0; i < APL / 2; ++i) { v[2 * i] = __low2float(h[i]); v[2 * i + 1] = __high2float(h[i]); }
-            } else if (APL == 4) {
-                const uint2 raw = __ldg(reinterpret_cast<const uint2*>(q));
-                const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-                for (int i = 0; i < APL / 2; ++i) { v[2 * i] = __low2float(h[i]); v[2 * i + 1] = __high2float(h[i]); }
-            } else if (APL == 2) {
-                const __half2 h = __ldg(reinterpret_cast<const __half2*>(q));
-                v[0] = __low2float(h); v[1] = __high2float(h);
-            } else {
-                v[0] = __half2float(__ldg(q));
-            }
+            deepjit::load_vec<APL>(base + (size_t)c * cs + p, v);
 #pragma unroll
             for (int j = 0; j < APL; ++j) if (v[j] > best[j]) { best[j] = v[j]; arg[j] = c; }
         }
@@ -134,6 +119,42 @@ __global__ void __launch_bounds__(32 * SPLIT) k_warpsplit(Maps m, float thr, int
         for (int k = 1; k < SPLIT; ++k) if (s_best[k][i] > bb) { bb = s_best[k][i]; aa = s_arg[k][i]; }
         if (tile * TILE + i < cs && bb > thr) atomicAdd(&g_sink, aa);
     }
+}
+
+// PARTS parts of 32 / PARTS lanes a warp, each lane APL consecutive anchors: the warp covers
+// 32 / PARTS * APL anchors, part q reads classes [q * NC / PARTS, +NC / PARTS) (a warp load reads PARTS
+// rows, 64 / PARTS * APL contiguous bytes each), and the parts merge in shuffles: no barrier.
+template <int PARTS, int APL>
+__global__ void __launch_bounds__(128) k_lanes(Maps m, float thr) {
+    enum { LP = 32 / PARTS, PER = NC / PARTS, SPAN = LP * APL };
+    const int b = blockIdx.y, lane = threadIdx.x & 31, part = lane / LP;
+    const int a0 = (blockIdx.x * 4 + threadIdx.x / 32) * SPAN + (lane % LP) * APL;
+    const __half* base; int p, cs;
+    level_of(m, b, min(a0, m.A - APL), base, p, cs);
+    float best[APL]; int arg[APL];
+#pragma unroll
+    for (int j = 0; j < APL; ++j) { best[j] = -1e30f; arg[j] = 0; }
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+        const int c = part * PER + k;
+        float v[APL];
+        deepjit::load_vec<APL>(base + (size_t)c * cs + p, v);
+#pragma unroll
+        for (int j = 0; j < APL; ++j) if (v[j] > best[j]) { best[j] = v[j]; arg[j] = c; }
+    }
+#pragma unroll
+    for (int d = LP; d < 32; d *= 2) {
+#pragma unroll
+        for (int j = 0; j < APL; ++j) {
+            const float ob = __shfl_xor_sync(~0u, best[j], d);
+            const int oa = __shfl_xor_sync(~0u, arg[j], d);
+            if (ob > best[j] || (ob == best[j] && oa < arg[j])) { best[j] = ob; arg[j] = oa; }
+        }
+    }
+    int s = 0;
+#pragma unroll
+    for (int j = 0; j < APL; ++j) s += a0 + j < m.A && best[j] > thr ? arg[j] : 0;
+    if (part == 0 && s) atomicAdd(&g_sink, s);
 }
 
 // Every byte of the class maps read once with 16-byte loads (the ceiling).
@@ -215,15 +236,18 @@ int main() {
             k_rows8<8><<<dim3((A / 8 + 127) / 128, B), 128, 0, s>>>(maps[i], thr); }, SETS, 20));
         report("rows8 unroll16", time_graph([&](cudaStream_t s, int i) {
             k_rows8<16><<<dim3((A / 8 + 127) / 128, B), 128, 0, s>>>(maps[i], thr); }, SETS, 20));
+#define LN(PARTS, APL) do { \
+            const int span = 32 / PARTS * APL, warps = (A + span - 1) / span; \
+            report("lanes p" #PARTS " apl" #APL, time_graph([&](cudaStream_t s, int i) { \
+                k_lanes<PARTS, APL><<<dim3((warps + 3) / 4, B), 128, 0, s>>>(maps[i], thr); }, SETS, 20)); \
+        } while (0)
+        LN(4, 1); LN(4, 2); LN(4, 4); LN(8, 2); LN(8, 4); LN(2, 1); LN(2, 2); LN(2, 4); LN(1, 1); LN(1, 2); LN(1, 4);
 #define WS(APL, SPLIT) do { \
             const int T = 32 * APL; const int t0 = (6400 + T - 1) / T, t1 = (1600 + T - 1) / T, t2 = (400 + T - 1) / T; \
             report("warpsplit apl" #APL " w" #SPLIT, time_graph([&](cudaStream_t s, int i) { \
                 k_warpsplit<APL, SPLIT><<<dim3(t0 + t1 + t2, B), 32 * SPLIT, 0, s>>>(maps[i], thr, t0, t0 + t1); }, SETS, 20)); \
         } while (0)
-        WS(1, 4); WS(1, 8); WS(1, 16);
-        WS(2, 4); WS(2, 8); WS(2, 16);
-        WS(4, 4); WS(4, 8); WS(4, 16);
-        WS(8, 4); WS(8, 8); WS(8, 16);
+        WS(2, 8); WS(2, 4);
         for (auto p : bufs) CK(cudaFree(p));
     }
     return 0;

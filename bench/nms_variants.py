@@ -23,13 +23,14 @@ from postprocess import CONF, IOU, MAX_DET, NC, bench_deepjit, decode_site, head
 from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 
+NMS_PARAMS = {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET, "block": 1024}
 
-def variant(arg: str) -> tuple[str, str, dict]:
+
+def variant(arg: str, defaults: dict = NMS_PARAMS) -> tuple[str, str, dict]:
+    """NAME=CONTRACT[:param=int,...] -> (name, contract, the defaults updated with those params)."""
     name, _, ref = arg.partition("=")
     ref, _, extra = ref.partition(":")
-    params = {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET, "block": 1024}
-    params.update({k: int(v) for k, v in (kv.split("=") for kv in extra.split(",") if kv)})
-    return name, ref, params
+    return name, ref, {**defaults, **{k: int(v) for k, v in (kv.split("=") for kv in extra.split(",") if kv)}}
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,63 @@
+"""Time yolov8_decode variants against each other with the same nms after them (not a test).
+
+    python3 bench/decode_variants.py head=OLD/yolov8_decode.yaml:lanes_per_anchor=4 \\
+                                     l2=yolov8_decode:lanes_per_anchor=2 ... [--batches 1 8 32] [--object-classes 80]
+
+Each variant is NAME=CONTRACT[:param=int,...] (a contract YAML path, with its template and headers
+beside it, or a name in kernels/), in mode candidates with anchors_per_thread 1 unless given. All run
+interleaved, two rounds, on fp16 head maps of bench/postprocess.py (four sets per batch, cycled), each
+followed by the H200 spec's nms (block 1024, chunk 512); printed: the decode alone (graph + memset)
+and decode + nms (graph replay), median µs per round, and whether the detections per image are the
+first variant's.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nms_variants import variant  # noqa: E402
+from postprocess import CONF, IOU, MAX_DET, NC, bench_deepjit, decode_site, head_maps, object_classes, typed_maps  # noqa: E402
+
+from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
+from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("variants", nargs="+", metavar="NAME=CONTRACT[:param=int,...]")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--object-classes", type=object_classes, default=NC)
+    args = ap.parse_args(argv)
+    import torch  # bench_deepjit holds the stream with torch's sleep kernel while it queues
+
+    gpu = gpu_mod.Gpu()
+    site = decode_site("fp16")
+    decoders = {name: compile_site_kernel(ref, params, site.facts, sm=gpu.sm, spec_dir=".")
+                for name, ref, params in (variant(a, {"mode": "candidates", "conf_threshold": CONF,
+                                                      "anchors_per_thread": 1}) for a in args.variants)}
+    nms = compile_site_kernel("nms", {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET, "block": 1024,
+                                      "chunk": 512}, site.facts, sm=gpu.sm)
+    for batch in args.batches:
+        rng = np.random.default_rng(batch)
+        sets = [typed_maps(head_maps(rng, batch, args.object_classes), "float16") for _ in range(4)]
+        rounds, dets = {name: [] for name in decoders}, {}
+        for _ in range(2):
+            for name, decode in decoders.items():
+                out = bench_deepjit(gpu, decode, nms, site, sets, 200, torch)
+                dets[name] = out.pop("_dets")
+                rounds[name].append((out["deepjit decode alone (graph + memset)"]["gpu_us"][0],
+                                     out["deepjit-graph"]["gpu_us"][0]))
+        first = next(iter(dets.values()))
+        for name, r in rounds.items():
+            print(f"b{batch} {name:16s} decode alone {' '.join(f'{d:5.1f}' for d, _ in r)}   "
+                  f"graph {' '.join(f'{g:5.1f}' for _, g in r)}   detections {dets[name][:4]}"
+                  f"{'' if dets[name] == first else ' (NOT the first variant' + chr(39) + 's)'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
