@@ -5,7 +5,8 @@
 
 Compiles a copy of the nms contract's template with DJ_NMS_PROFILE defined (templates/deepjit_nms.cuh:
 a mark after each block barrier, a step ending when its last warp gets there) and runs it on
-bench/postprocess.py's data sets; the kernel prints one line per 64 launches. Marks cost a few cycles
+bench/postprocess.py's data sets; the kernel prints one line per 64 launches ("nms slot profile" where
+the image took the slot path: its counting pass, rows, settle and output). Marks cost a few cycles
 each, so totals are a little above the plain kernel's.
 """
 from __future__ import annotations

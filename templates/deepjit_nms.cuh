@@ -23,6 +23,16 @@ using u64 = unsigned long long;
 enum : int { BLOCK = DJ_NMS_BLOCK, SORT_CAP = DJ_NMS_SORT_CAP, CHUNK = DJ_NMS_CHUNK, WORDS = CHUNK / 32,
              WARPS = BLOCK / 32, NB = 256, PAIRS_FLAT = 4 * BLOCK,
              DYNAMIC_BYTES = CHUNK * (CHUNK / 8 + 28) };  // the chunk's shared memory: the contract's shared_mem
+// The slot path (nms_image): up to SLOT_N candidates, when no class group has more than GCAP members and
+// no score bucket more than BCAP. Its per-candidate arrays (box 16, key 8, suppressors 8, class 4, ranks 4
+// bytes) live in the sort's shared memory, its member lists (u16, [slot][group]: a warp's lanes, in
+// different groups, read different banks) in the chunk's; where either is too small (sort_capacity < 2048,
+// chunk < 512), SLOT_N is 0 and every image takes the general path. The last warp has no candidate.
+enum : int { GCAP = 64, BCAP = 16, SLOT_MEM = SORT_CAP * 12 / 40 / 32 * 32,
+             SLOT_CAP = CHUNK < BLOCK - 32 ? (CHUNK < SLOT_MEM ? CHUNK : SLOT_MEM)
+                                           : (BLOCK - 32 < SLOT_MEM ? BLOCK - 32 : SLOT_MEM),
+             SLOT_N = DYNAMIC_BYTES >= NB * (GCAP + BCAP) * 2 ? SLOT_CAP : 0,
+             SLOT_WORDS = SLOT_N > 0 ? SLOT_N / 32 : 1 };
 __device__ __forceinline__ float iou_threshold() { return DJ_NMS_IOU; }
 __device__ __forceinline__ float conf_threshold() { return DJ_NMS_CONF; }
 static_assert(BLOCK % 64 == 0 && BLOCK >= 128, "nms: block must be a multiple of 64, at least 128");
@@ -48,10 +58,11 @@ __device__ __forceinline__ u64 sort_key(float score, int anchor) {
 }
 
 // A bucket in [0, NB) that never decreases with the key: the score's float bits above
-// conf_threshold's, shifted so that (conf_threshold, 1] spans the buckets.
+// conf_threshold's, shifted so that (conf_threshold, 1] spans the buckets (all NB of them: the shift
+// comes from the largest offset, 1.0's bits - lo - 1; from the range itself it used half).
 __device__ __forceinline__ int score_bucket(u64 key) {
     const unsigned lo = __float_as_uint(fmaxf(conf_threshold(), 0.0f));
-    const int shift = max(0, 32 - __clz(0x3f800000u - lo) - 8);  // NB = 2^8
+    const int shift = max(0, 32 - __clz(0x3f800000u - lo - 1u) - 8);  // NB = 2^8
     return min(NB - 1, (int)(((unsigned)(key >> 32) - lo) >> shift));
 }
 
@@ -230,6 +241,95 @@ __device__ __forceinline__ void settle_groups(const unsigned* cols, const int* g
     }
 }
 
+// The slot path's rows (nms_image): each candidate c < n with a key (fkey[c] != 0) against every member
+// of its class group (gslot, by arrival), 2^shift lanes a candidate, each taking every 2^shift-th member:
+// sup[c] gets bit k when member k scores above c and suppresses it, info[c] c's place in its group's score
+// order (bits 0-7), in its score bucket's (bslot; bits 8-15), and the bucket (16-23). The last warp, which
+// has no candidate, finds the buckets' starts meanwhile.
+template <bool AGNOSTIC>
+__device__ __forceinline__ void slot_rows(int n, int shift, const u64* fkey, const float4* fbox, const int* fcls,
+                                          const unsigned short* gslot, const unsigned short* bslot,
+                                          const int* gsize, const int* bsize, u64* sup_out, int* info_out,
+                                          int* start) {
+    const int tid = threadIdx.x, c = tid >> shift, step = 1 << shift, part = tid & (step - 1);
+    const u64 key = c < n ? fkey[c] : 0ull;
+    u64 sup = 0ull;
+    int above = 0, ahead = 0, bucket = 0;
+    if (key != 0ull) {
+        const float4 box = fbox[c];
+        const int cls = fcls[c], g = cls & (NB - 1), size = gsize[g];
+        bucket = score_bucket(key);
+#pragma unroll 4
+        for (int k = part; k < size; k += step) {
+            const int j = gslot[k * NB + g];
+            const bool higher = fkey[j] > key;
+            above += higher;
+            sup |= higher & suppresses<AGNOSTIC>(fbox[j], fcls[j], box, cls) ? 1ull << k : 0ull;
+        }
+        const int in_bucket = bsize[bucket];
+        for (int k = part; k < in_bucket; k += step) ahead += fkey[bslot[k * NB + bucket]] > key;
+    }
+    for (int d = 1; d < step; d <<= 1) {
+        sup |= __shfl_xor_sync(deepjit::kFullMask, sup, d);
+        above += __shfl_xor_sync(deepjit::kFullMask, above, d);
+        ahead += __shfl_xor_sync(deepjit::kFullMask, ahead, d);
+    }
+    if (key != 0ull && part == 0) {
+        sup_out[c] = sup;
+        info_out[c] = above | ahead << 8 | bucket << 16;
+    }
+    if (tid >= BLOCK - 32) bucket_starts(bsize, start);
+}
+
+// The slot path's greedy outcome: a warp per class group (the groups g with g % WARPS == warp), members
+// k and 32 + k in lane k. Members nothing above suppresses are kept, members a kept one suppresses are
+// dropped, and only the rest (usually none) are walked in score order. A kept member sets the bit of its
+// place in the image's score order (its bucket's start + its place in the bucket) in kept32, and *total
+// counts them.
+__device__ __forceinline__ void slot_settle(const unsigned short* gslot, const int* gsize, const u64* sup_in,
+                                            const int* info_in, const int* start, unsigned* kept32, int* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int g0 = warp; g0 < NB; g0 += 32 * WARPS) {
+        const int mine = g0 + WARPS * lane < NB ? gsize[g0 + WARPS * lane] : 0;
+        for (unsigned groups = __ballot_sync(deepjit::kFullMask, mine > 0); groups != 0u; groups &= groups - 1u) {
+            const int i = __ffs(groups) - 1, g = g0 + WARPS * i, size = __shfl_sync(deepjit::kFullMask, mine, i);
+            u64 sup[2] = {0ull, 0ull};
+            int info[2] = {0, 0};
+            bool member[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                member[h] = 32 * h + lane < size;
+                const int t = member[h] ? gslot[(32 * h + lane) * NB + g] : 0;
+                if (member[h]) {
+                    sup[h] = sup_in[t];
+                    info[h] = info_in[t];
+                }
+            }
+            u64 kept = __ballot_sync(deepjit::kFullMask, member[0] && sup[0] == 0ull) |
+                       (u64)__ballot_sync(deepjit::kFullMask, member[1] && sup[1] == 0ull) << 32;
+            const bool open[2] = {member[0] && sup[0] != 0ull && (sup[0] & kept) == 0ull,
+                                  member[1] && sup[1] != 0ull && (sup[1] & kept) == 0ull};
+            const u64 mark = (open[0] ? 1ull << (info[0] & 63) : 0ull) | (open[1] ? 1ull << (info[1] & 63) : 0ull);
+            for (u64 walk = warp_or((unsigned)mark) | (u64)warp_or((unsigned)(mark >> 32)) << 32; walk != 0ull;
+                 walk &= walk - 1ull) {
+                const int r = __ffsll((long long)walk) - 1;
+                const u64 me = __ballot_sync(deepjit::kFullMask, open[0] && (info[0] & 63) == r) |
+                               (u64)__ballot_sync(deepjit::kFullMask, open[1] && (info[1] & 63) == r) << 32;
+                const int at = __ffsll((long long)me) - 1;
+                if ((__shfl_sync(deepjit::kFullMask, at < 32 ? sup[0] : sup[1], at & 31) & kept) == 0ull) kept |= me;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                if (member[h] && ((kept >> (32 * h + lane)) & 1ull)) {
+                    const int r = start[(info[h] >> 16) & (NB - 1)] + ((info[h] >> 8) & 0xff);
+                    atomicOr(&kept32[r >> 5], 1u << (r & 31));
+                }
+            }
+            if (lane == 0) atomicAdd(total, __popcll(kept));
+        }
+    }
+}
+
 // Bitonic sort of n (a power of two) (key, slot) pairs into descending key order, by the block.
 // keys/slots are in shared memory, or in the global workspace when there are too many.
 __device__ void bitonic_desc(u64* keys, int* slots, int n) {
@@ -254,6 +354,19 @@ __device__ void bitonic_desc(u64* keys, int* slots, int n) {
 }
 
 
+// Image b's count of kept boxes (written by thread 0) and its rows past it, zero.
+template <int MAX_DET>
+__device__ __forceinline__ void finish_rows(int tid, int b, int kept, int* num_dets, float4* out_box4, float* scores,
+                                            int* classes) {
+    if (tid == 0) num_dets[b] = kept;
+    for (int i = kept + tid; i < MAX_DET; i += BLOCK) {
+        const size_t o = (size_t)b * MAX_DET + i;
+        out_box4[o] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        scores[o] = 0.0f;
+        classes[o] = 0;
+    }
+}
+
 // Image b of `images`, by the calling block (BLOCK threads). Reads cand_count[b] and resets it to 0
 // for the next decode launch.
 // 1. Sort by (score desc, anchor asc). Up to one candidate per thread (the usual case: a few
@@ -270,13 +383,17 @@ __device__ void bitonic_desc(u64* keys, int* slots, int n) {
 //    (settle_groups): greedy NMS never looks across classes. The kept boxes then go out in score order, up to max_det.
 //    (All pairs in 32 x 32 tiles, settle rounds with a barrier each, and a class-blind walk of the
 //    chunk were slower: bench/RESULTS.md, 2026-12-02 session 4.)
+// The slot path replaces both where it can (class-aware, up to SLOT_N candidates, no class above GCAP
+// boxes nor score bucket above BCAP: the usual frame): after the same counting pass, three block steps
+// (rows, settle, output) instead of eight, ~1 µs less at batch 1 on the H200 (bench/RESULTS.md,
+// 2026-12-03 session 11).
 template <int MAX_DET, bool AGNOSTIC>
 __device__ __forceinline__ void nms_image(
     int b, int images, int* cand_count, const float* cand_boxes, const float* cand_scores, const int* cand_classes,
     const int* cand_index, int K, unsigned char* workspace, int ws_stride,
     int* num_dets, float* boxes, float* scores, int* classes)
 {
-    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 24 + WORDS * 8 + 20 };
+    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 24 + WORDS * 8 + SLOT_WORDS * 4 + 24 };
     static_assert(STATIC_BYTES <= 48 * 1024,
                   "nms: sort_capacity * 12 + max_det * 20 bytes must fit in 42 KiB of static shared memory");
     static_assert(STATIC_BYTES + DYNAMIC_BYTES <= deepjit::kMaxSharedOptin,
@@ -291,6 +408,8 @@ __device__ __forceinline__ void nms_image(
     __shared__ unsigned s_gone32[WORDS];  // chunk boxes suppressed by earlier chunks, by position
     __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order
     __shared__ int s_valid, s_kept, s_groups;
+    __shared__ unsigned s_slot_kept32[SLOT_WORDS];  // its kept boxes, by place in score order
+    __shared__ int s_slot_over;  // a group or bucket of the slot path past its capacity
 #ifdef DJ_NMS_PROFILE
     __shared__ unsigned long long s_prof[12];
     for (int k = threadIdx.x; k < 12; k += BLOCK) s_prof[k] = 0;
@@ -310,7 +429,8 @@ __device__ __forceinline__ void nms_image(
     float4* out_box4 = reinterpret_cast<float4*>(boxes);
     for (int k = tid; k < NB; k += BLOCK) s_size[k] = s_gsize[k] = 0;
     for (int k = tid; k < WORDS; k += BLOCK) s_gone32[k] = s_kept32[k] = 0u;
-    if (tid == 0) s_kept = 0;
+    for (int k = tid; k < SLOT_WORDS; k += BLOCK) s_slot_kept32[k] = 0u;
+    if (tid == 0) s_kept = s_slot_over = 0;
     deepjit::wait_previous();  // launched early on sm_90+: the decode's candidates are complete from here
                                // (a no-op when not launched early)
     const int found = __ldcg(cand_count + b);  // one broadcast load; reset by thread 0 after a barrier
@@ -342,9 +462,69 @@ __device__ __forceinline__ void nms_image(
         const int group = AGNOSTIC ? 0 : cls & (NB - 1);
         const int at = key != 0ull ? atomicAdd(&s_size[bucket], 1) : 0;
         const int at_group = grouped && key != 0ull ? atomicAdd(&s_gsize[group], 1) : 0;
+        // The slot path: up to SLOT_N candidates in three steps (these counts; rows; settle) and the output,
+        // against the sort, grouping, masks and settle below. Each class group and score bucket lists its
+        // members in fixed slots, in arrival order, so nothing waits for their starts; a row tests every
+        // member of the group, above or below, and the group's score order comes from the same loop. Where
+        // a group has more than GCAP members or a bucket more than BCAP (a crowd), the lists are left and
+        // the path below goes on from the same counts.
+        const bool slot_path = SLOT_N > 0 && !AGNOSTIC && n <= SLOT_N;  // then grouped too
+        float4* f_box = reinterpret_cast<float4*>(s_sort);
+        u64* f_key = reinterpret_cast<u64*>(f_box + SLOT_CAP);
+        u64* f_sup = f_key + SLOT_CAP;
+        int* f_cls = reinterpret_cast<int*>(f_sup + SLOT_CAP);
+        int* f_info = f_cls + SLOT_CAP;
+        unsigned short* f_gslot = reinterpret_cast<unsigned short*>(s_dynamic);
+        unsigned short* f_bslot = f_gslot + NB * GCAP;
+        if (slot_path && tid < n) {
+            f_key[tid] = key;
+            if (key != 0ull) {
+                f_box[tid] = box;
+                f_cls[tid] = cls;
+                if (at_group < GCAP) f_gslot[at_group * NB + group] = (unsigned short)tid;
+                if (at < BCAP) f_bslot[at * NB + bucket] = (unsigned short)tid;
+                if (at_group >= GCAP || at >= BCAP) s_slot_over = 1;
+            }
+        }
         valid = __syncthreads_count(key != 0ull);  // and the bucket sizes are complete
         DJ_NMS_MARK(2);
         if (tid == 0) cand_count[b] = 0;  // every thread has read it: the next decode appends from zero
+        if (slot_path && !s_slot_over) {
+            // 4 lanes a candidate where they fit beside the last warp, else 2, else 1
+            const int shift = 4 * n <= BLOCK - 32 ? 2 : 2 * n <= BLOCK - 32 ? 1 : 0;
+            slot_rows<AGNOSTIC>(n, shift, f_key, f_box, f_cls, f_gslot, f_bslot, s_gsize, s_size, f_sup,
+                                f_info, s_start);
+            __syncthreads();
+            DJ_NMS_MARK(3);
+            slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, s_slot_kept32, &s_kept);
+            __syncthreads();
+            DJ_NMS_MARK(4);
+            // The kept boxes in score order, up to max_det: a box's row is the kept boxes before its place.
+            if (key != 0ull) {
+                const int r = s_start[bucket] + ((f_info[tid] >> 8) & 0xff);
+                int before = __popc(s_slot_kept32[r >> 5] & ((1u << (r & 31)) - 1u));
+#pragma unroll
+                for (int v = 0; v < SLOT_WORDS; ++v) before += v < (r >> 5) ? __popc(s_slot_kept32[v]) : 0;
+                if (((s_slot_kept32[r >> 5] >> (r & 31)) & 1u) && before < MAX_DET) {
+                    const size_t o = (size_t)b * MAX_DET + before;
+                    out_box4[o] = box;
+                    scores[o] = score;
+                    classes[o] = cls;
+                }
+            }
+            const int kept = min(s_kept, MAX_DET);
+            finish_rows<MAX_DET>(tid, b, kept, num_dets, out_box4, scores, classes);
+#ifdef DJ_NMS_PROFILE
+            __syncthreads();
+            DJ_NMS_MARK(5);
+            if (tid == 0 && b == 0 && atomicAdd(&dj_nms_profile_launches, 1u) % 64u == 63u) {
+                printf("nms slot profile: candidates %d kept %d | wait+count %lld  slots %lld  rows %lld  settle %lld  "
+                       "out %lld | total %lld cycles\n", n, kept, s_prof[1] - s_prof[0], s_prof[2] - s_prof[1],
+                       s_prof[3] - s_prof[2], s_prof[4] - s_prof[3], s_prof[5] - s_prof[4], s_prof[5] - s_prof[0]);
+            }
+#endif
+            return;
+        }
         if (tid < 32) bucket_starts(s_size, s_start);
         else if (grouped && tid < 64) bucket_starts(s_gsize, s_gstart, s_glist, &s_groups, s_gpairs);
         __syncthreads();
@@ -522,13 +702,7 @@ __device__ __forceinline__ void nms_image(
     DJ_NMS_MARK(8);
 
     const int kept = s_kept;
-    if (tid == 0) num_dets[b] = kept;
-    for (int i = kept + tid; i < MAX_DET; i += BLOCK) {  // rows past num_dets are zero
-        const size_t o = (size_t)b * MAX_DET + i;
-        out_box4[o] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        scores[o] = 0.0f;
-        classes[o] = 0;
-    }
+    finish_rows<MAX_DET>(tid, b, kept, num_dets, out_box4, scores, classes);
 #ifdef DJ_NMS_PROFILE
     if (tid == 0 && b == 0 && atomicAdd(&dj_nms_profile_launches, 1u) % 64u == 63u) {
         printf("nms profile: candidates %d kept %d | wait+count %lld  loads+buckets %lld  starts %lld  keys %lld  "

@@ -325,6 +325,7 @@ def postprocess_runner(gpu, decode, nms, inputs, load):
 
 NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 20},
              "block1024-chunk512": {"block": 1024, "chunk": 512},
+             "maxdet20-chunk512": {"max_det": 20, "block": 1024, "chunk": 512},
              "agnostic-maxdet20-chunk512": {"agnostic": True, "max_det": 20, "block": 1024, "chunk": 512}}
 DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
                "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4},
@@ -660,6 +661,66 @@ def test_nms_alone_iou_at_the_threshold(gpu, target, cache, block, chunk, classe
     assert cands["cand_count"][0] == 2 * cells
     suppressed = sum(kind == THRESHOLD_KINDS[3] for kind in kinds)  # only a quotient above t suppresses
     assert check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params) == 2 * cells - suppressed
+
+
+def score_buckets(scores: np.ndarray, conf: float) -> np.ndarray:
+    """templates/deepjit_nms.cuh's score_bucket: the float bits above conf's, shifted so that (conf, 1]
+    spans 256 buckets."""
+    lo = int(np.float32(conf).view(np.uint32))
+    shift = max(0, (0x3F800000 - lo - 1).bit_length() - 8)
+    return np.minimum(255, (scores.astype(np.float32).view(np.uint32).astype(np.int64) - lo) >> shift)
+
+
+def slot_frame(rng, group: int, bucket: int, chain: int) -> np.ndarray:
+    """output0 [1, 4 + NC, 512]: `group` boxes of class 7 in clusters of four overlapping boxes; `bucket`
+    disjoint boxes of score 0.9, no other score near it (classes 20 .. 59); `chain` boxes of class 3 in
+    a row, each overlapping only its neighbours (IoU 0.6, 0.33 two apart), in falling score order, so
+    greedy NMS keeps every other one and which depends on the one before; and 150 scattered boxes of
+    the other classes."""
+    x = np.zeros((1, 4 + NC, 512), np.float32)
+    at = 0
+
+    def put(cx, cy, w, h, cls, score):
+        nonlocal at
+        x[0, :4, at], x[0, 4 + cls, at] = [cx, cy, w, h], score
+        at += 1
+
+    scores = rng.permutation(np.linspace(0.3, 0.85, group))
+    for k in range(group):
+        cx, cy = 60 + 70 * (k // 4 % 8), 60 + 200 * (k // 32)
+        put(cx + rng.normal(0, 4), cy + rng.normal(0, 4), 40 + rng.normal(0, 3), 40 + rng.normal(0, 3), 7, scores[k])
+    for k in range(bucket):
+        put(30 + 36 * (k % 16), 480 + 36 * (k // 16), 20, 20, 20 + k % 40, 0.9)
+    for k in range(chain):
+        put(100 + 10 * k, 400, 40, 30, 3, 0.98 - 0.002 * k)
+    others = [c for c in range(NC) if c not in (3, 7) and not 20 <= c < 60]
+    for _ in range(150):
+        put(*rng.uniform(20, 620, 2), *rng.uniform(10, 60, 2), rng.choice(others), rng.uniform(0.3, 0.85))
+    return x
+
+
+@pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
+@pytest.mark.parametrize("group, bucket, what", [
+    (32, 16, "a class group of one warp's members, a score bucket at its slot capacity: the slot path"),
+    (64, 16, "a class group at its slot capacity (two members a lane in the settle): the slot path"),
+    (65, 16, "a class group past 64: the general path"),
+    (64, 17, "a score bucket past 16: the general path")])
+def test_nms_alone_slot_path_capacities_and_chains(gpu, target, cache, block, chunk, group, bucket, what):
+    """The slot path (nms_image: with chunk >= 512, up to min(chunk, block - 32) candidates, at most 64 a
+    class and 16 a score bucket) at its capacities and just past them, with a chain of boxes its settle
+    walks in score order; chunk 256 (no slot path) on the same frames. Either way the detections are
+    ONNX Runtime's exactly."""
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
+    skip_if_chunk_too_big({"chunk": chunk}, target)
+    x = slot_frame(np.random.default_rng([block, group, bucket]), group, bucket, chain=12)
+    cands = candidates_from_output0(x, params["conf_threshold"], 512)
+    n = cands["cand_count"][0]
+    assert n == group + bucket + 12 + 150 and n <= min(chunk, block - 32)
+    assert np.bincount(cands["cand_classes"][0, :n]).max() == group
+    assert np.bincount(score_buckets(cands["cand_scores"][0, :n], params["conf_threshold"])).max() == bucket
+    nms = build("nms", {**params, "max_candidates": 512, "block": block, "chunk": chunk}, {}, target, cache)
+    kept = check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params)
+    assert bucket + 6 < kept < n - group // 2  # the bucket's boxes and half the chain kept, clusters thinned
 
 
 @pytest.mark.parametrize("block, chunk", [(128, 256), (512, 256), (1024, 256), (512, 512), (1024, 512), (1024, 1024)])
