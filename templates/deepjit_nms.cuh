@@ -25,9 +25,9 @@ enum : int { BLOCK = DJ_NMS_BLOCK, SORT_CAP = DJ_NMS_SORT_CAP, CHUNK = DJ_NMS_CH
              DYNAMIC_BYTES = CHUNK * (CHUNK / 8 + 28) };  // the chunk's shared memory: the contract's shared_mem
 // The slot path (nms_image): up to SLOT_N candidates, when no class group has more than GCAP members and
 // no score bucket more than BCAP. Its per-candidate arrays (box 16, key 8, suppressors 8, class 4, ranks 4
-// bytes) live in the sort's shared memory, its member lists (u16, [slot][group]: a warp's lanes, in
-// different groups, read different banks) in the chunk's; where either is too small (sort_capacity < 2048,
-// chunk < 512), SLOT_N is 0 and every image takes the general path. The last warp has no candidate.
+// bytes) live in the sort's shared memory, which caps SLOT_N at ~0.3 sort_capacity; its member lists (u16,
+// [slot][group]: a warp's lanes, in different groups, read different banks) take 40 KiB of the chunk's,
+// so below chunk 512 SLOT_N is 0 and every image takes the general path. The last warp has no candidate.
 enum : int { GCAP = 64, BCAP = 16, SLOT_MEM = SORT_CAP * 12 / 40 / 32 * 32,
              SLOT_CAP = CHUNK < BLOCK - 32 ? (CHUNK < SLOT_MEM ? CHUNK : SLOT_MEM)
                                            : (BLOCK - 32 < SLOT_MEM ? BLOCK - 32 : SLOT_MEM),
