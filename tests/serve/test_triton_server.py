@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +128,19 @@ def test_a_request_of_two_images_equals_deepjit_run_on_both(server, real_bundles
         same_as_run(got, row, record)
 
 
+def statistics_after(client, model: str, before: dict, inferences: int, timeout_s: float = 10.0) -> dict:
+    """The model's statistics once they count `inferences` more than `before`, or as they are at the timeout:
+    the Python backend reports an execution's statistics after it sends its responses, so a client that
+    has its answers can read statistics that do not count them yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = client.get_inference_statistics(model)["model_stats"][0]
+        counted = int(stats.get("inference_count", 0)) - int(before.get("inference_count", 0))
+        if counted >= inferences or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, real_bundles, photos, tmp_path):
     pngs = [photos["coffee"], photos["chelsea"]]
     tensors = np.concatenate([letterbox_numpy(bgr(p)[None], size=320, swap_rb=True)["images"] for p in pngs])
@@ -141,7 +155,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, re
         pending.append(client.async_infer("tensors", [inp]))
     results = [p.get_result() for p in pending]   # once each: a result reads its response as it is parsed
     answers = [{k: r.as_numpy(k) for k in ("num_dets", "boxes", "scores", "classes")} for r in results]
-    after = client.get_inference_statistics("tensors")["model_stats"][0]
+    after = statistics_after(client, "tensors", before, inferences=2)
     assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 2
     assert int(after["execution_count"]) - int(before.get("execution_count", 0)) == 1   # one batch of two
     for answer, record in zip(answers, records):
