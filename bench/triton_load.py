@@ -58,6 +58,18 @@ def request(client, model: str, inputs) -> None:
     client.infer(model, infer_inputs)
 
 
+def counted(stats, model: str, inferences: int, timeout_s: float = 10.0) -> dict:
+    """The model's statistics once its inference count reaches `inferences`, read again 0.2 s later: a
+    backend sends an execution's responses before it reports the requests' statistics and then the
+    batch's, so a read as the clients return can miss the last execution (and skew mean_batch)."""
+    deadline = time.monotonic() + timeout_s
+    while (int(stats.get_inference_statistics(model, as_json=True)["model_stats"][0].get("inference_count", 0))
+           < inferences and time.monotonic() < deadline):
+        time.sleep(0.05)
+    time.sleep(0.2)
+    return stats.get_inference_statistics(model, as_json=True)["model_stats"][0]
+
+
 def load(url: str, model: str, inputs, clients: int, requests: int) -> dict:
     """`requests` requests from `clients` threads; latencies in ms, throughput in inferences/s."""
     left, lock, latencies, errors = [requests], threading.Lock(), [], []
@@ -86,14 +98,15 @@ def load(url: str, model: str, inputs, clients: int, requests: int) -> dict:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    after = stats.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    batch = inputs[0][1].shape[0]
+    after = counted(stats, model, int(before.get("inference_count", 0)) + len(latencies) * batch)
     executions = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
     inferences = int(after.get("inference_count", 0)) - int(before.get("inference_count", 0))
-    batch = inputs[0][1].shape[0]
     return {"model": model, "requests": len(latencies), "errors": len(errors), "first_error": errors[:1],
             "wall_s": wall, "throughput": len(latencies) * batch / wall,
             "p50_ms": float(np.percentile(latencies, 50)), "p99_ms": float(np.percentile(latencies, 99)),
-            "mean_ms": float(np.mean(latencies)), "mean_batch": inferences / executions if executions else 0.0}
+            "mean_ms": float(np.mean(latencies)), "inferences": inferences, "executions": executions,
+            "mean_batch": inferences / executions if executions else 0.0}
 
 
 def machine(kind: str) -> str:

@@ -167,6 +167,19 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, re
         same_as_run(answer, 0, record)
 
 
+def test_the_load_benchmark_counts_every_request_it_sent(server):
+    """bench/triton_load.py's statistics cover its last execution too (read after the clients return,
+    they could miss it, and its mean batch with it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import triton_load
+
+    image = np.random.default_rng(3).uniform(0, 1, (1, 3, 320, 320)).astype(np.float32)
+    r = triton_load.load(server.grpc_url, "tensors", [("images", image, "FP32")], clients=2, requests=4)
+    assert (r["requests"], r["errors"]) == (4, 0)
+    assert r["inferences"] == 4
+    assert 2 <= r["executions"] <= 4 and r["mean_batch"] == 4 / r["executions"]
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_bad_requests_get_errors_and_the_server_keeps_serving(server, photos, protocol):
     url = server.http_url if protocol == "http" else server.grpc_url
