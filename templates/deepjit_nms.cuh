@@ -245,12 +245,13 @@ __device__ __forceinline__ void settle_groups(const unsigned* cols, const int* g
 // of its class group (gslot, by arrival), 2^shift lanes a candidate, each taking every 2^shift-th member:
 // sup[c] gets bit k when member k scores above c and suppresses it, info[c] c's place in its group's score
 // order (bits 0-7), in its score bucket's (bslot; bits 8-15), and the bucket (16-23). The last warp, which
-// has no candidate, finds the buckets' starts meanwhile.
+// has no candidate, finds the buckets' starts meanwhile, and the warp before it, where it has none either,
+// lists the non-empty class groups for the settle (glist, *groups; gstart is its scratch).
 template <bool AGNOSTIC>
 __device__ __forceinline__ void slot_rows(int n, int shift, const u64* fkey, const float4* fbox, const int* fcls,
                                           const unsigned short* gslot, const unsigned short* bslot,
                                           const int* gsize, const int* bsize, u64* sup_out, int* info_out,
-                                          int* start) {
+                                          int* start, int* gstart, int* glist, int* groups) {
     const int tid = threadIdx.x, c = tid >> shift, step = 1 << shift, part = tid & (step - 1);
     const u64 key = c < n ? fkey[c] : 0ull;
     u64 sup = 0ull;
@@ -279,53 +280,68 @@ __device__ __forceinline__ void slot_rows(int n, int shift, const u64* fkey, con
         info_out[c] = above | ahead << 8 | bucket << 16;
     }
     if (tid >= BLOCK - 32) bucket_starts(bsize, start);
+    else if (tid >= BLOCK - 64 && (n << shift) <= BLOCK - 64) bucket_starts(gsize, gstart, glist, groups);
 }
 
-// The slot path's greedy outcome: a warp per class group (the groups g with g % WARPS == warp), members
-// k and 32 + k in lane k. Members nothing above suppresses are kept, members a kept one suppresses are
-// dropped, and only the rest (usually none) are walked in score order. A kept member sets the bit of its
-// place in the image's score order (its bucket's start + its place in the bucket) in kept32, and *total
-// counts them.
+// The slot path's greedy outcome in class group g (size members), by one warp: members k and 32 + k in lane
+// k. Members nothing above suppresses are kept, members a kept one suppresses are dropped, and only the
+// rest (usually none) are walked in score order. A kept member sets the bit of its place in the image's
+// score order (its bucket's start + its place in the bucket) in kept32, and *total counts them.
+__device__ __forceinline__ void settle_group(int g, int size, const unsigned short* gslot, const u64* sup_in,
+                                             const int* info_in, const int* start, unsigned* kept32, int* total) {
+    const int lane = threadIdx.x & 31;
+    u64 sup[2] = {0ull, 0ull};
+    int info[2] = {0, 0};
+    bool member[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        member[h] = 32 * h + lane < size;
+        const int t = member[h] ? gslot[(32 * h + lane) * NB + g] : 0;
+        if (member[h]) {
+            sup[h] = sup_in[t];
+            info[h] = info_in[t];
+        }
+    }
+    u64 kept = __ballot_sync(deepjit::kFullMask, member[0] && sup[0] == 0ull) |
+               (u64)__ballot_sync(deepjit::kFullMask, member[1] && sup[1] == 0ull) << 32;
+    const bool open[2] = {member[0] && sup[0] != 0ull && (sup[0] & kept) == 0ull,
+                          member[1] && sup[1] != 0ull && (sup[1] & kept) == 0ull};
+    const u64 mark = (open[0] ? 1ull << (info[0] & 63) : 0ull) | (open[1] ? 1ull << (info[1] & 63) : 0ull);
+    for (u64 walk = warp_or((unsigned)mark) | (u64)warp_or((unsigned)(mark >> 32)) << 32; walk != 0ull;
+         walk &= walk - 1ull) {
+        const int r = __ffsll((long long)walk) - 1;
+        const u64 me = __ballot_sync(deepjit::kFullMask, open[0] && (info[0] & 63) == r) |
+                       (u64)__ballot_sync(deepjit::kFullMask, open[1] && (info[1] & 63) == r) << 32;
+        const int at = __ffsll((long long)me) - 1;
+        if ((__shfl_sync(deepjit::kFullMask, at < 32 ? sup[0] : sup[1], at & 31) & kept) == 0ull) kept |= me;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (member[h] && ((kept >> (32 * h + lane)) & 1ull)) {
+            const int r = start[(info[h] >> 16) & (NB - 1)] + ((info[h] >> 8) & 0xff);
+            atomicOr(&kept32[r >> 5], 1u << (r & 31));
+        }
+    }
+    if (lane == 0) atomicAdd(total, __popcll(kept));
+}
+
+// Every class group's settle_group: a warp per listed group (glist, when the rows step listed them: groups
+// >= 0), else the groups g with g % WARPS == warp, so one warp may take three groups of an image's ~30 in
+// turn (listing them took 0.3-0.6 µs off the nms at batch 1-32, bench/RESULTS.md 2026-12-03 session 13).
 __device__ __forceinline__ void slot_settle(const unsigned short* gslot, const int* gsize, const u64* sup_in,
-                                            const int* info_in, const int* start, unsigned* kept32, int* total) {
+                                            const int* info_in, const int* start, unsigned* kept32, int* total,
+                                            const int* glist, int groups) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (groups >= 0) {
+        for (int e = warp; e < groups; e += WARPS)
+            settle_group(glist[e], gsize[glist[e]], gslot, sup_in, info_in, start, kept32, total);
+        return;
+    }
     for (int g0 = warp; g0 < NB; g0 += 32 * WARPS) {
         const int mine = g0 + WARPS * lane < NB ? gsize[g0 + WARPS * lane] : 0;
         for (unsigned groups = __ballot_sync(deepjit::kFullMask, mine > 0); groups != 0u; groups &= groups - 1u) {
             const int i = __ffs(groups) - 1, g = g0 + WARPS * i, size = __shfl_sync(deepjit::kFullMask, mine, i);
-            u64 sup[2] = {0ull, 0ull};
-            int info[2] = {0, 0};
-            bool member[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                member[h] = 32 * h + lane < size;
-                const int t = member[h] ? gslot[(32 * h + lane) * NB + g] : 0;
-                if (member[h]) {
-                    sup[h] = sup_in[t];
-                    info[h] = info_in[t];
-                }
-            }
-            u64 kept = __ballot_sync(deepjit::kFullMask, member[0] && sup[0] == 0ull) |
-                       (u64)__ballot_sync(deepjit::kFullMask, member[1] && sup[1] == 0ull) << 32;
-            const bool open[2] = {member[0] && sup[0] != 0ull && (sup[0] & kept) == 0ull,
-                                  member[1] && sup[1] != 0ull && (sup[1] & kept) == 0ull};
-            const u64 mark = (open[0] ? 1ull << (info[0] & 63) : 0ull) | (open[1] ? 1ull << (info[1] & 63) : 0ull);
-            for (u64 walk = warp_or((unsigned)mark) | (u64)warp_or((unsigned)(mark >> 32)) << 32; walk != 0ull;
-                 walk &= walk - 1ull) {
-                const int r = __ffsll((long long)walk) - 1;
-                const u64 me = __ballot_sync(deepjit::kFullMask, open[0] && (info[0] & 63) == r) |
-                               (u64)__ballot_sync(deepjit::kFullMask, open[1] && (info[1] & 63) == r) << 32;
-                const int at = __ffsll((long long)me) - 1;
-                if ((__shfl_sync(deepjit::kFullMask, at < 32 ? sup[0] : sup[1], at & 31) & kept) == 0ull) kept |= me;
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                if (member[h] && ((kept >> (32 * h + lane)) & 1ull)) {
-                    const int r = start[(info[h] >> 16) & (NB - 1)] + ((info[h] >> 8) & 0xff);
-                    atomicOr(&kept32[r >> 5], 1u << (r & 31));
-                }
-            }
-            if (lane == 0) atomicAdd(total, __popcll(kept));
+            settle_group(g, size, gslot, sup_in, info_in, start, kept32, total);
         }
     }
 }
@@ -430,7 +446,7 @@ __device__ __forceinline__ void nms_image(
     for (int k = tid; k < NB; k += BLOCK) s_size[k] = s_gsize[k] = 0;
     for (int k = tid; k < WORDS; k += BLOCK) s_gone32[k] = s_kept32[k] = 0u;
     for (int k = tid; k < SLOT_WORDS; k += BLOCK) s_slot_kept32[k] = 0u;
-    if (tid == 0) s_kept = s_slot_over = 0;
+    if (tid == 0) s_kept = s_slot_over = 0, s_groups = -1;  // -1: the slot path's rows did not list the groups
     deepjit::wait_previous();  // launched early on sm_90+: the decode's candidates are complete from here
                                // (a no-op when not launched early)
     const int found = __ldcg(cand_count + b);  // one broadcast load; reset by thread 0 after a barrier
@@ -493,10 +509,10 @@ __device__ __forceinline__ void nms_image(
             // 4 lanes a candidate where they fit beside the last warp, else 2, else 1
             const int shift = 4 * n <= BLOCK - 32 ? 2 : 2 * n <= BLOCK - 32 ? 1 : 0;
             slot_rows<AGNOSTIC>(n, shift, f_key, f_box, f_cls, f_gslot, f_bslot, s_gsize, s_size, f_sup,
-                                f_info, s_start);
+                                f_info, s_start, s_gstart, s_glist, &s_groups);
             __syncthreads();
             DJ_NMS_MARK(3);
-            slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, s_slot_kept32, &s_kept);
+            slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, s_slot_kept32, &s_kept, s_glist, s_groups);
             __syncthreads();
             DJ_NMS_MARK(4);
             // The kept boxes in score order, up to max_det: a box's row is the kept boxes before its place.

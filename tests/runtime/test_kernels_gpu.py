@@ -701,8 +701,10 @@ def slot_frame(rng, group: int, bucket: int, chain: int) -> np.ndarray:
 
 @pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
 @pytest.mark.parametrize("group, bucket, what", [
-    (32, 16, "a class group of one warp's members, a score bucket at its slot capacity: the slot path"),
-    (64, 16, "a class group at its slot capacity (two members a lane in the settle): the slot path"),
+    (32, 16, "a class group of one warp's members, a score bucket at its slot capacity: the slot path "
+             "(210 candidates: the rows leave the last two warps free, so the settle takes a listed group a warp)"),
+    (64, 16, "a class group at its slot capacity (two members a lane in the settle): the slot path "
+             "(242 candidates at 4 lanes reach the last warp but one: the settle takes the groups g % 32 a warp)"),
     (65, 16, "a class group past 64: the general path"),
     (64, 17, "a score bucket past 16: the general path")])
 def test_nms_alone_slot_path_capacities_and_chains(gpu, target, cache, block, chunk, group, bucket, what):
