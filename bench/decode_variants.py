@@ -2,13 +2,16 @@
 
     python3 bench/decode_variants.py head=OLD/yolov8_decode.yaml:lanes_per_anchor=4 \\
                                      l2=yolov8_decode:lanes_per_anchor=2 ... [--batches 1 8 32] [--object-classes 80]
+                                     [--launches N]
 
 Each variant is NAME=CONTRACT[:param=int,...] (a contract YAML path, with its template and headers
 beside it, or a name in kernels/), in mode candidates with anchors_per_thread 1 unless given. All run
 interleaved, two rounds, on fp16 head maps of bench/postprocess.py (four sets per batch, cycled), each
 followed by the H200 spec's nms (block 1024, chunk 512); printed: the decode alone (graph + memset)
 and decode + nms (graph replay), median µs per round, and whether the detections per image are the
-first variant's.
+first variant's. With --launches N, each variant's decode + nms chains are only launched N times at the
+first batch, untimed, for a profiler: `ncu --kernel-name regex:decode --launch-skip 4 --launch-count 1
+python3 bench/decode_variants.py l4=yolov8_decode:lanes_per_anchor=4 --batches 32 --launches 8`.
 """
 from __future__ import annotations
 
@@ -20,7 +23,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nms_variants import variant  # noqa: E402
-from postprocess import CONF, IOU, MAX_DET, NC, bench_deepjit, decode_site, head_maps, object_classes, typed_maps  # noqa: E402
+from postprocess import (  # noqa: E402
+    CONF,
+    IOU,
+    MAX_DET,
+    NC,
+    bench_deepjit,
+    chains,
+    decode_site,
+    head_maps,
+    object_classes,
+    typed_maps,
+)
 
 from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
@@ -31,6 +45,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("variants", nargs="+", metavar="NAME=CONTRACT[:param=int,...]")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--object-classes", type=object_classes, default=NC)
+    ap.add_argument("--launches", type=int, help="only launch each variant N times at the first batch (for ncu)")
     args = ap.parse_args(argv)
     import torch  # bench_deepjit holds the stream with torch's sleep kernel while it queues
 
@@ -41,9 +56,20 @@ def main(argv: list[str]) -> int:
                                                       "anchors_per_thread": 1}) for a in args.variants)}
     nms = compile_site_kernel("nms", {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET, "block": 1024,
                                       "chunk": 512}, site.facts, sm=gpu.sm)
-    for batch in args.batches:
+    def fp16_sets(batch):
         rng = np.random.default_rng(batch)
-        sets = [typed_maps(head_maps(rng, batch, args.object_classes), "float16") for _ in range(4)]
+        return [typed_maps(head_maps(rng, batch, args.object_classes), "float16") for _ in range(4)]
+
+    if args.launches:
+        batch, sets = args.batches[0], fp16_sets(args.batches[0])
+        for name, decode in decoders.items():
+            posts = chains(gpu, [decode, nms], site, sets)
+            for k in range(args.launches):
+                posts[k % len(posts)].launch()
+            print(f"b{batch} {name}: {args.launches} launches, detections {posts[0].results()['num_dets'].tolist()[:4]}")
+        return 0
+    for batch in args.batches:
+        sets = fp16_sets(batch)
         rounds, dets = {name: [] for name in decoders}, {}
         for _ in range(2):
             for name, decode in decoders.items():
