@@ -327,7 +327,7 @@ __device__ __forceinline__ void settle_group(int g, int size, const unsigned sho
 
 // Every class group's settle_group: a warp per listed group (glist, when the rows step listed them: groups
 // >= 0), else the groups g with g % WARPS == warp, so one warp may take three groups of an image's ~30 in
-// turn (listing them took 0.3-0.6 µs off the nms at batch 1-32, bench/RESULTS.md 2026-12-03 session 13).
+// turn (listing them took 0.3-0.7 µs off the nms at batch 1-32, bench/RESULTS.md 2026-12-03 session 13).
 __device__ __forceinline__ void slot_settle(const unsigned short* gslot, const int* gsize, const u64* sup_in,
                                             const int* info_in, const int* start, unsigned* kept32, int* total,
                                             const int* glist, int groups) {
