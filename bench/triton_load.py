@@ -31,7 +31,7 @@ import tritonclient.grpc as grpc
 
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.runtime.layout import Layout
-from deepjit_compiler.serve.local import LocalTritonServer
+from deepjit_compiler.serve.local import LocalTritonServer, statistics_after
 from deepjit_compiler.serve.triton import TritonOptions, export_triton
 
 TRITON_TYPES = {"uint8": "UINT8", "float32": "FP32", "float16": "FP16", "int32": "INT32", "int64": "INT64"}
@@ -56,18 +56,6 @@ def request(client, model: str, inputs) -> None:
         inp.set_data_from_numpy(array)
         infer_inputs.append(inp)
     client.infer(model, infer_inputs)
-
-
-def counted(stats, model: str, inferences: int, timeout_s: float = 10.0) -> dict:
-    """The model's statistics once its inference count reaches `inferences`, read again 0.2 s later: a
-    backend sends an execution's responses before it reports the requests' statistics and then the
-    batch's, so a read as the clients return can miss the last execution (and skew mean_batch)."""
-    deadline = time.monotonic() + timeout_s
-    while (int(stats.get_inference_statistics(model, as_json=True)["model_stats"][0].get("inference_count", 0))
-           < inferences and time.monotonic() < deadline):
-        time.sleep(0.05)
-    time.sleep(0.2)
-    return stats.get_inference_statistics(model, as_json=True)["model_stats"][0]
 
 
 def load(url: str, model: str, inputs, clients: int, requests: int) -> dict:
@@ -99,7 +87,8 @@ def load(url: str, model: str, inputs, clients: int, requests: int) -> dict:
         t.join()
     wall = time.perf_counter() - t0
     batch = inputs[0][1].shape[0]
-    after = counted(stats, model, int(before.get("inference_count", 0)) + len(latencies) * batch)
+    after = statistics_after(lambda: stats.get_inference_statistics(model, as_json=True)["model_stats"][0], before,
+                             {"inference_count": len(latencies) * batch})
     executions = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
     inferences = int(after.get("inference_count", 0)) - int(before.get("inference_count", 0))
     return {"model": model, "requests": len(latencies), "errors": len(errors), "first_error": errors[:1],

@@ -90,6 +90,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def statistics_after(read, before: dict, more: dict[str, int], timeout_s: float = 10.0) -> dict:
+    """A model's statistics, as `read()` returns them (one entry of Triton's model_stats), once each
+    count named in `more` has risen by at least that much over `before`, or as they are at the timeout.
+    A backend sends an execution's responses before it reports the requests' statistics and then the
+    batch's, so a client holding its answers can read counts that miss them; the statistics are read
+    once more 0.2 s after the counts arrive, so an execution reported just after is counted too."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = read()
+        if all(int(stats.get(k, 0)) - int(before.get(k, 0)) >= n for k, n in more.items()):
+            time.sleep(0.2)
+            return read()
+        if time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
 class LocalTritonServer:
     """tritonserver over `repo` on 127.0.0.1; `start()` waits until it and its models are ready."""
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from PIL import Image
 
 from deepjit_compiler.errors import MissingDependency
 from deepjit_compiler.runtime.run import run_bundle
-from deepjit_compiler.serve.local import LocalTritonServer
+from deepjit_compiler.serve.local import LocalTritonServer, statistics_after
 from deepjit_compiler.serve.triton import TritonOptions, export_triton
 from deepjit_compiler.surgery.references import letterbox_numpy
 
@@ -128,23 +127,6 @@ def test_a_request_of_two_images_equals_deepjit_run_on_both(server, real_bundles
         same_as_run(got, row, record)
 
 
-def statistics_after(client, model: str, before: dict, inferences: int, executions: int,
-                     timeout_s: float = 10.0) -> dict:
-    """The model's statistics once they count `inferences` and `executions` more than `before`, or as
-    they are at the timeout: a backend sends an execution's responses first, then reports each request's
-    statistics, then the batch's, so a client holding its answers can read counts that miss them."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = client.get_inference_statistics(model)["model_stats"][0]
-        more = [int(stats.get(k, 0)) - int(before.get(k, 0)) for k in ("inference_count", "execution_count")]
-        if more[0] >= inferences and more[1] >= executions:   # then a later read, so a further execution
-            time.sleep(0.2)                                     # reported just after would be counted too
-            return client.get_inference_statistics(model)["model_stats"][0]
-        if time.monotonic() > deadline:
-            return stats
-        time.sleep(0.05)
-
-
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, real_bundles, photos, tmp_path):
     pngs = [photos["coffee"], photos["chelsea"]]
     tensors = np.concatenate([letterbox_numpy(bgr(p)[None], size=320, swap_rb=True)["images"] for p in pngs])
@@ -159,7 +141,8 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, re
         pending.append(client.async_infer("tensors", [inp]))
     results = [p.get_result() for p in pending]   # once each: a result reads its response as it is parsed
     answers = [{k: r.as_numpy(k) for k in ("num_dets", "boxes", "scores", "classes")} for r in results]
-    after = statistics_after(client, "tensors", before, inferences=2, executions=1)
+    after = statistics_after(lambda: client.get_inference_statistics("tensors")["model_stats"][0], before,
+                             {"inference_count": 2, "execution_count": 1})
     assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 2
     assert int(after["execution_count"]) - int(before.get("execution_count", 0)) == 1   # one batch of two
     for answer, record in zip(answers, records):
