@@ -122,22 +122,30 @@ __device__ __forceinline__ float iou(float4 a, float4 b) {
     return __fdiv_rn(p.x, p.y);
 }
 
-// iou(a, b) > t, exactly, without the division where the answer is plain (the NMS's every test). The
-// rounded quotient is > t exactly when inter / uni passes the midpoint between t and the next float.
-// f = fma(-t, uni, inter) is inter - t * uni rounded once, so it has that difference's sign: f < 0 means
-// the quotient is below t (disjoint boxes: inter 0). f > k * uni, k at least 16 times half an ulp of t,
-// means it is past the midpoint. In between (a quotient within ~1e-6 of t), and where uni is tiny, huge,
-// infinite or NaN, the division decides: a branch that almost no thread takes, so a warp testing 32
-// different pairs does not split on each pair's outcome.
-__device__ __forceinline__ bool iou_above(float4 a, float4 b, float t) {
-    const float2 p = iou_parts(a, b);
-    const float inter = p.x, uni = p.y;
+// iou(a, b) > t without the division, from iou_parts (inter, uni), where the answer is plain: *sure says
+// whether it is. The rounded quotient is > t exactly when inter / uni passes the midpoint between t and
+// the next float. f = fma(-t, uni, inter) is inter - t * uni rounded once, so it has that difference's
+// sign: f < 0 means the quotient is below t (disjoint boxes: inter 0). f > k * uni, k at least 16 times
+// half an ulp of t, means it is past the midpoint. In between (a quotient within ~1e-6 of t), and where
+// uni is tiny, huge, infinite or NaN, it is not sure: the division decides (iou_above).
+__device__ __forceinline__ bool iou_decided(float2 parts, float t, bool& sure) {
+    const float inter = parts.x, uni = parts.y;
     const bool in_range = uni > 0x1p-40f && uni < 0x1p100f;  // k * uni stays a normal float, -ftz or not
     const float f = fmaf(-t, uni, inter);
     const bool below = in_range & (f < 0.0f);
     const bool above = in_range & (f > __fmul_rn(__fmul_rn(fmaxf(t, 0x1p-60f), 0x1p-20f), uni));
-    if (below | above) return above;
-    return __fdiv_rn(inter, uni) > t;
+    sure = below | above;
+    return above;
+}
+
+// iou(a, b) > t, exactly, without the division where the answer is plain (iou_decided): a branch that
+// almost no thread takes, so a warp testing 32 different pairs does not split on each pair's outcome.
+__device__ __forceinline__ bool iou_above(float4 a, float4 b, float t) {
+    const float2 p = iou_parts(a, b);
+    bool sure;
+    const bool above = iou_decided(p, t, sure);
+    if (sure) return above;
+    return __fdiv_rn(p.x, p.y) > t;
 }
 
 }  // namespace deepjit

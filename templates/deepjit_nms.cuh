@@ -23,11 +23,12 @@ using u64 = unsigned long long;
 enum : int { BLOCK = DJ_NMS_BLOCK, SORT_CAP = DJ_NMS_SORT_CAP, CHUNK = DJ_NMS_CHUNK, WORDS = CHUNK / 32,
              WARPS = BLOCK / 32, NB = 256, PAIRS_FLAT = 4 * BLOCK,
              DYNAMIC_BYTES = CHUNK * (CHUNK / 8 + 28) };  // the chunk's shared memory: the contract's shared_mem
-// The slot path (nms_image): up to SLOT_N candidates, when no class group has more than GCAP members and
-// no score bucket more than BCAP. Its per-candidate arrays (box 16, key 8, suppressors 8, class 4, ranks 4
-// bytes) live in the sort's shared memory, which caps SLOT_N at ~0.3 sort_capacity; its member lists (u16,
-// [slot][group]: a warp's lanes, in different groups, read different banks) take 40 KiB of the chunk's,
-// so below chunk 512 SLOT_N is 0 and every image takes the general path. The last warp has no candidate.
+// The slot path (nms_image): up to SLOT_N candidates, when no class group has more than GCAP members, no
+// score bucket more than BCAP, and every class is below NB (so a group is one class). Its per-candidate
+// arrays (box 16, key 8, suppressors 8, class 4, ranks 4 bytes) live in the sort's shared memory, which
+// caps SLOT_N at ~0.3 sort_capacity; its member lists (u16, [slot][group]: a warp's lanes, in different
+// groups, read different banks) take 40 KiB of the chunk's, so below chunk 512 SLOT_N is 0 and every
+// image takes the general path. The last warp has no candidate.
 enum : int { GCAP = 64, BCAP = 16, SLOT_MEM = SORT_CAP * 12 / 40 / 32 * 32,
              SLOT_CAP = CHUNK < BLOCK - 32 ? (CHUNK < SLOT_MEM ? CHUNK : SLOT_MEM)
                                            : (BLOCK - 32 < SLOT_MEM ? BLOCK - 32 : SLOT_MEM),
@@ -247,7 +248,6 @@ __device__ __forceinline__ void settle_groups(const unsigned* cols, const int* g
 // order (bits 0-7), in its score bucket's (bslot; bits 8-15), and the bucket (16-23). The last warp, which
 // has no candidate, finds the buckets' starts meanwhile, and the warp before it, where it has none either,
 // lists the non-empty class groups for the settle (glist, *groups; gstart is its scratch).
-template <bool AGNOSTIC>
 __device__ __forceinline__ void slot_rows(int n, int shift, const u64* fkey, const float4* fbox, const int* fcls,
                                           const unsigned short* gslot, const unsigned short* bslot,
                                           const int* gsize, const int* bsize, u64* sup_out, int* info_out,
@@ -258,14 +258,24 @@ __device__ __forceinline__ void slot_rows(int n, int shift, const u64* fkey, con
     int above = 0, ahead = 0, bucket = 0;
     if (key != 0ull) {
         const float4 box = fbox[c];
-        const int cls = fcls[c], g = cls & (NB - 1), size = gsize[g];
+        const int g = fcls[c], size = gsize[g];  // the slot path's classes are below NB: g is the class
         bucket = score_bucket(key);
+        // Members share c's class, so a test is the IoU alone. Its rare undecided cases (iou_decided) wait
+        // in `pend` until after the loop, so that the loop has no branch and its loads and tests overlap.
+        u64 pend = 0ull;
 #pragma unroll 4
         for (int k = part; k < size; k += step) {
             const int j = gslot[k * NB + g];
-            const bool higher = fkey[j] > key;
-            above += higher;
-            sup |= higher & suppresses<AGNOSTIC>(fbox[j], fcls[j], box, cls) ? 1ull << k : 0ull;
+            const u64 bit = fkey[j] > key ? 1ull << k : 0ull;
+            above += bit != 0ull;
+            bool sure;
+            const bool hit = deepjit::iou_decided(deepjit::iou_parts(fbox[j], box), iou_threshold(), sure);
+            sup |= hit ? bit : 0ull;
+            pend |= sure ? 0ull : bit;
+        }
+        for (; pend != 0ull; pend &= pend - 1ull) {
+            const int k = __ffsll((long long)pend) - 1;
+            if (deepjit::iou_above(fbox[gslot[k * NB + g]], box, iou_threshold())) sup |= 1ull << k;
         }
         const int in_bucket = bsize[bucket];
         for (int k = part; k < in_bucket; k += step) ahead += fkey[bslot[k * NB + bucket]] > key;
@@ -425,7 +435,7 @@ __device__ __forceinline__ void nms_image(
     __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order
     __shared__ int s_valid, s_kept, s_groups;
     __shared__ unsigned s_slot_kept32[SLOT_WORDS];  // its kept boxes, by place in score order
-    __shared__ int s_slot_over;  // a group or bucket of the slot path past its capacity
+    __shared__ int s_slot_over;  // a group or bucket of the slot path past its capacity, or a class past NB
 #ifdef DJ_NMS_PROFILE
     __shared__ unsigned long long s_prof[12];
     for (int k = threadIdx.x; k < 12; k += BLOCK) s_prof[k] = 0;
@@ -482,8 +492,8 @@ __device__ __forceinline__ void nms_image(
         // against the sort, grouping, masks and settle below. Each class group and score bucket lists its
         // members in fixed slots, in arrival order, so nothing waits for their starts; a row tests every
         // member of the group, above or below, and the group's score order comes from the same loop. Where
-        // a group has more than GCAP members or a bucket more than BCAP (a crowd), the lists are left and
-        // the path below goes on from the same counts.
+        // a group has more than GCAP members or a bucket more than BCAP (a crowd), or a class is NB or more
+        // (groups would mix classes), the lists are left and the path below goes on from the same counts.
         const bool slot_path = SLOT_N > 0 && !AGNOSTIC && n <= SLOT_N;  // then grouped too
         float4* f_box = reinterpret_cast<float4*>(s_sort);
         u64* f_key = reinterpret_cast<u64*>(f_box + SLOT_CAP);
@@ -499,7 +509,7 @@ __device__ __forceinline__ void nms_image(
                 f_cls[tid] = cls;
                 if (at_group < GCAP) f_gslot[at_group * NB + group] = (unsigned short)tid;
                 if (at < BCAP) f_bslot[at * NB + bucket] = (unsigned short)tid;
-                if (at_group >= GCAP || at >= BCAP) s_slot_over = 1;
+                if (at_group >= GCAP || at >= BCAP || (unsigned)cls >= (unsigned)NB) s_slot_over = 1;
             }
         }
         valid = __syncthreads_count(key != 0ull);  // and the bucket sizes are complete
@@ -508,8 +518,8 @@ __device__ __forceinline__ void nms_image(
         if (slot_path && !s_slot_over) {
             // 4 lanes a candidate where they fit beside the last warp, else 2, else 1
             const int shift = 4 * n <= BLOCK - 32 ? 2 : 2 * n <= BLOCK - 32 ? 1 : 0;
-            slot_rows<AGNOSTIC>(n, shift, f_key, f_box, f_cls, f_gslot, f_bslot, s_gsize, s_size, f_sup,
-                                f_info, s_start, s_gstart, s_glist, &s_groups);
+            slot_rows(n, shift, f_key, f_box, f_cls, f_gslot, f_bslot, s_gsize, s_size, f_sup, f_info, s_start,
+                      s_gstart, s_glist, &s_groups);
             __syncthreads();
             DJ_NMS_MARK(3);
             slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, s_slot_kept32, &s_kept, s_glist, s_groups);

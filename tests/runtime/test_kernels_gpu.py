@@ -555,9 +555,10 @@ def detections(rng, batch: int, anchors: int, logit_mean: float, classes: int = 
     return np.concatenate([cxcy, wh, 1 / (1 + np.exp(-logits))], axis=1).astype(np.float32)
 
 
-def check_nms_alone(gpu, kernel, x, cands, params) -> int:
-    """Run the nms kernel on candidates made from output0 `x`; its detections must be the ONNX
-    reference's exactly (same boxes, scores and classes), and its counters reset. Returns how many."""
+def check_nms_alone(gpu, kernel, x, cands, params, classes: int = NC) -> int:
+    """Run the nms kernel on candidates made from output0 `x` (of `classes` classes); its detections must
+    be the ONNX reference's exactly (same boxes, scores and classes), and its counters reset. Returns how
+    many."""
     inputs = {k: gpu.upload(v) for k, v in cands.items()}
     dims = kernel.bind(inputs)
     outs = kernel.allocate_outputs(dims)
@@ -565,7 +566,7 @@ def check_nms_alone(gpu, kernel, x, cands, params) -> int:
         gpu.fill(arr, 0xFF)
     kernel.launch({**inputs, **outs, "workspace": kernel.workspace(dims)}, dims)
     got = {k: gpu.download(v) for k, v in outs.items()}
-    sess = SessionFromOnnx(nms_reference(NC, **params).SerializeToString(), providers=["CPUExecutionProvider"])()
+    sess = SessionFromOnnx(nms_reference(classes, **params).SerializeToString(), providers=["CPUExecutionProvider"])()
     want = dict(zip(["num_dets", "boxes", "scores", "classes"], sess.run(None, {"output0": x})))
     total, _ = match_detections(want, got, min_iou=0.999999, score_atol=0.0)  # same boxes: exact
     assert not gpu.download(inputs["cand_count"]).any()  # counters reset for the next decode
@@ -723,6 +724,28 @@ def test_nms_alone_slot_path_capacities_and_chains(gpu, target, cache, block, ch
     nms = build("nms", {**params, "max_candidates": 512, "block": block, "chunk": chunk}, {}, target, cache)
     kept = check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params)
     assert bucket + 6 < kept < n - group // 2  # the bucket's boxes and half the chain kept, clusters thinned
+
+
+@pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
+def test_nms_alone_classes_256_apart_stay_apart(gpu, target, cache, block, chunk):
+    """The nms groups classes by class & 255, and the slot path's tests skip the class (a group is one
+    class there): an image with a class past 255 leaves it for the general path, whose tests compare
+    classes. 24 pairs of overlapping boxes (IoU ~0.8) of classes k and k + 256 all stay; 24 pairs of
+    one class each lose their lower box."""
+    classes = 300
+    params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
+    skip_if_chunk_too_big({"chunk": chunk}, target)
+    rng = np.random.default_rng([block, 256])
+    x = np.zeros((1, 4 + classes, 96), np.float32)
+    for k in range(48):
+        cx, cy, w = 40 + 80 * (k % 8), 40 + 80 * (k // 8), rng.uniform(30, 50)
+        for j, cls in enumerate([k % 24, k % 24 + 256 if k < 24 else k % 24]):
+            x[0, :4, 2 * k + j] = [cx + 3 * j, cy, w, w]
+            x[0, 4 + cls, 2 * k + j] = rng.uniform(0.3, 0.95)
+    nms = build("nms", {**params, "max_candidates": 96, "block": block, "chunk": chunk}, {}, target, cache)
+    cands = candidates_from_output0(x, params["conf_threshold"], 96)
+    assert cands["cand_count"][0] == 96 and cands["cand_classes"][0].max() >= 256
+    assert check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params, classes) == 96 - 24
 
 
 @pytest.mark.parametrize("block, chunk", [(128, 256), (512, 256), (1024, 256), (512, 512), (1024, 512), (1024, 1024)])
