@@ -34,6 +34,7 @@ enum : int { GCAP = 64, BCAP = 16, SLOT_MEM = SORT_CAP * 12 / 40 / 32 * 32,
                                            : (BLOCK - 32 < SLOT_MEM ? BLOCK - 32 : SLOT_MEM),
              SLOT_N = DYNAMIC_BYTES >= NB * (GCAP + BCAP) * 2 ? SLOT_CAP : 0,
              SLOT_WORDS = SLOT_N > 0 ? SLOT_N / 32 : 1 };
+static_assert(SLOT_WORDS <= WORDS, "nms: the slot path keeps its kept bits in the chunk's (s_kept32)");
 __device__ __forceinline__ float iou_threshold() { return DJ_NMS_IOU; }
 __device__ __forceinline__ float conf_threshold() { return DJ_NMS_CONF; }
 static_assert(BLOCK % 64 == 0 && BLOCK >= 128, "nms: block must be a multiple of 64, at least 128");
@@ -275,7 +276,7 @@ __device__ __forceinline__ void slot_rows(int n, int shift, const u64* fkey, con
         }
         for (; pend != 0ull; pend &= pend - 1ull) {
             const int k = __ffsll((long long)pend) - 1;
-            if (deepjit::iou_above(fbox[gslot[k * NB + g]], box, iou_threshold())) sup |= 1ull << k;
+            if (deepjit::iou(fbox[gslot[k * NB + g]], box) > iou_threshold()) sup |= 1ull << k;  // the division decides
         }
         const int in_bucket = bsize[bucket];
         for (int k = part; k < in_bucket; k += step) ahead += fkey[bslot[k * NB + bucket]] > key;
@@ -419,7 +420,7 @@ __device__ __forceinline__ void nms_image(
     const int* cand_index, int K, unsigned char* workspace, int ws_stride,
     int* num_dets, float* boxes, float* scores, int* classes)
 {
-    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 24 + WORDS * 8 + SLOT_WORDS * 4 + 24 };
+    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 24 + WORDS * 8 + 24 };
     static_assert(STATIC_BYTES <= 48 * 1024,
                   "nms: sort_capacity * 12 + max_det * 20 bytes must fit in 42 KiB of static shared memory");
     static_assert(STATIC_BYTES + DYNAMIC_BYTES <= deepjit::kMaxSharedOptin,
@@ -434,7 +435,6 @@ __device__ __forceinline__ void nms_image(
     __shared__ unsigned s_gone32[WORDS];  // chunk boxes suppressed by earlier chunks, by position
     __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order
     __shared__ int s_valid, s_kept, s_groups;
-    __shared__ unsigned s_slot_kept32[SLOT_WORDS];  // its kept boxes, by place in score order
     __shared__ int s_slot_over;  // a group or bucket of the slot path past its capacity, or a class past NB
 #ifdef DJ_NMS_PROFILE
     __shared__ unsigned long long s_prof[12];
@@ -455,7 +455,6 @@ __device__ __forceinline__ void nms_image(
     float4* out_box4 = reinterpret_cast<float4*>(boxes);
     for (int k = tid; k < NB; k += BLOCK) s_size[k] = s_gsize[k] = 0;
     for (int k = tid; k < WORDS; k += BLOCK) s_gone32[k] = s_kept32[k] = 0u;
-    for (int k = tid; k < SLOT_WORDS; k += BLOCK) s_slot_kept32[k] = 0u;
     if (tid == 0) s_kept = s_slot_over = 0, s_groups = -1;  // -1: the slot path's rows did not list the groups
     deepjit::wait_previous();  // launched early on sm_90+: the decode's candidates are complete from here
                                // (a no-op when not launched early)
@@ -495,6 +494,7 @@ __device__ __forceinline__ void nms_image(
         // a group has more than GCAP members or a bucket more than BCAP (a crowd), or a class is NB or more
         // (groups would mix classes), the lists are left and the path below goes on from the same counts.
         const bool slot_path = SLOT_N > 0 && !AGNOSTIC && n <= SLOT_N;  // then grouped too
+        unsigned* f_kept32 = s_kept32;  // its kept boxes, by place in score order (zeroed above; SLOT_N <= CHUNK)
         float4* f_box = reinterpret_cast<float4*>(s_sort);
         u64* f_key = reinterpret_cast<u64*>(f_box + SLOT_CAP);
         u64* f_sup = f_key + SLOT_CAP;
@@ -522,16 +522,16 @@ __device__ __forceinline__ void nms_image(
                       s_gstart, s_glist, &s_groups);
             __syncthreads();
             DJ_NMS_MARK(3);
-            slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, s_slot_kept32, &s_kept, s_glist, s_groups);
+            slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, f_kept32, &s_kept, s_glist, s_groups);
             __syncthreads();
             DJ_NMS_MARK(4);
             // The kept boxes in score order, up to max_det: a box's row is the kept boxes before its place.
             if (key != 0ull) {
                 const int r = s_start[bucket] + ((f_info[tid] >> 8) & 0xff);
-                int before = __popc(s_slot_kept32[r >> 5] & ((1u << (r & 31)) - 1u));
+                int before = __popc(f_kept32[r >> 5] & ((1u << (r & 31)) - 1u));
 #pragma unroll
-                for (int v = 0; v < SLOT_WORDS; ++v) before += v < (r >> 5) ? __popc(s_slot_kept32[v]) : 0;
-                if (((s_slot_kept32[r >> 5] >> (r & 31)) & 1u) && before < MAX_DET) {
+                for (int v = 0; v < SLOT_WORDS; ++v) before += v < (r >> 5) ? __popc(f_kept32[v]) : 0;
+                if (((f_kept32[r >> 5] >> (r & 31)) & 1u) && before < MAX_DET) {
                     const size_t o = (size_t)b * MAX_DET + before;
                     out_box4[o] = box;
                     scores[o] = score;
