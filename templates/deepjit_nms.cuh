@@ -433,7 +433,7 @@ __device__ __forceinline__ void nms_image(
     __shared__ int s_gsize[NB], s_gstart[NB], s_glist[NB];  // class groups of the chunk: sizes, starts, the non-empty
     __shared__ int s_gpairs[NB + 1];  // the listed groups' first pairs (one chunk: mask_pairs)
     __shared__ unsigned s_gone32[WORDS];  // chunk boxes suppressed by earlier chunks, by position
-    __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order
+    __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order (the slot path's too)
     __shared__ int s_valid, s_kept, s_groups;
     __shared__ int s_slot_over;  // a group or bucket of the slot path past its capacity, or a class past NB
 #ifdef DJ_NMS_PROFILE
@@ -494,7 +494,6 @@ __device__ __forceinline__ void nms_image(
         // a group has more than GCAP members or a bucket more than BCAP (a crowd), or a class is NB or more
         // (groups would mix classes), the lists are left and the path below goes on from the same counts.
         const bool slot_path = SLOT_N > 0 && !AGNOSTIC && n <= SLOT_N;  // then grouped too
-        unsigned* f_kept32 = s_kept32;  // its kept boxes, by place in score order (zeroed above; SLOT_N <= CHUNK)
         float4* f_box = reinterpret_cast<float4*>(s_sort);
         u64* f_key = reinterpret_cast<u64*>(f_box + SLOT_CAP);
         u64* f_sup = f_key + SLOT_CAP;
@@ -522,16 +521,16 @@ __device__ __forceinline__ void nms_image(
                       s_gstart, s_glist, &s_groups);
             __syncthreads();
             DJ_NMS_MARK(3);
-            slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, f_kept32, &s_kept, s_glist, s_groups);
+            slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, s_kept32, &s_kept, s_glist, s_groups);
             __syncthreads();
             DJ_NMS_MARK(4);
             // The kept boxes in score order, up to max_det: a box's row is the kept boxes before its place.
             if (key != 0ull) {
                 const int r = s_start[bucket] + ((f_info[tid] >> 8) & 0xff);
-                int before = __popc(f_kept32[r >> 5] & ((1u << (r & 31)) - 1u));
+                int before = __popc(s_kept32[r >> 5] & ((1u << (r & 31)) - 1u));
 #pragma unroll
-                for (int v = 0; v < SLOT_WORDS; ++v) before += v < (r >> 5) ? __popc(f_kept32[v]) : 0;
-                if (((f_kept32[r >> 5] >> (r & 31)) & 1u) && before < MAX_DET) {
+                for (int v = 0; v < SLOT_WORDS; ++v) before += v < (r >> 5) ? __popc(s_kept32[v]) : 0;
+                if (((s_kept32[r >> 5] >> (r & 31)) & 1u) && before < MAX_DET) {
                     const size_t o = (size_t)b * MAX_DET + before;
                     out_box4[o] = box;
                     scores[o] = score;
