@@ -408,6 +408,9 @@ def main(argv=None) -> int:
                     help="dtypes of the head maps DeepJIT's kernels are timed on, in the same run")
     ap.add_argument("--anchors-per-thread", type=int, default=4)
     ap.add_argument("--lanes-per-anchor", type=int, default=1, help="yolov8_decode's lanes_per_anchor (1, 2 or 4)")
+    ap.add_argument("--large-batch-lanes", type=int, default=0,
+                    help="yolov8_decode's large_batch_lanes: its lanes from batch --large-batch on (0: none)")
+    ap.add_argument("--large-batch", type=int, default=4, help="yolov8_decode's large_batch")
     ap.add_argument("--nms-block", type=int, default=512, help="threads of the nms kernel's one block per image")
     ap.add_argument("--nms-chunk", type=int, help="nms's chunk (default: the contract's)")
     ap.add_argument("--decode-contract", default="yolov8_decode", help="contract name or YAML path")
@@ -447,6 +450,8 @@ def main(argv=None) -> int:
     gpu = gpu_mod.Gpu()
     sites = {dtype: decode_site(PRECISION_OF[dtype]) for dtype in args.head_dtypes}
     lanes = {"lanes_per_anchor": args.lanes_per_anchor} if args.lanes_per_anchor != 1 else {}  # older contracts lack it
+    if args.large_batch_lanes:
+        lanes.update(large_batch_lanes=args.large_batch_lanes, large_batch=args.large_batch)
     decode_params = {"mode": "candidates", "conf_threshold": CONF, "anchors_per_thread": args.anchors_per_thread,
                      **lanes}
     decoders = {dtype: compile_site_kernel(args.decode_contract, decode_params, site.facts, sm=gpu.sm,

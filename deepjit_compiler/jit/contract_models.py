@@ -56,6 +56,18 @@ class ArgSpec(_Model):
     when: str | None = None
 
 
+class FromBatch(_Model):
+    """From batch `at` on, an entry point launches another instantiation of its kernel: its symbol,
+    geometry and args evaluated with `params` in place of the contract's. The code is rendered once, so
+    only what the symbol's template arguments and the launch carry may differ (bench/RESULTS.md: 4 lanes
+    an anchor at batch 1, 2 from batch 4 on)."""
+
+    at: Expr = Field(description="the first batch (dim B) that takes it: an int or an expression over params")
+    params: dict[str, Expr] = Field(min_length=1, description="param -> its value from batch `at` on (an expression "
+                                    "over params)")
+    when: str | None = Field(None, description="a bool expression over params: whether it applies at all")
+
+
 class EntrySpec(_Model):
     name: str
     symbol: str = Field(description="C++ name expression (a Jinja template over params), e.g. 'k<float>'")
@@ -66,6 +78,7 @@ class EntrySpec(_Model):
     overlaps_previous: bool = Field(False, description="launched while the previous kernel in the stream "
                                     "still runs (sm_90+); the kernel calls deepjit::wait_previous() first")
     args: list[ArgSpec]
+    from_batch: FromBatch | None = None
 
 
 class Detections(_Model):
@@ -130,6 +143,15 @@ class ContractModel(_Model):
     entry_points: list[EntrySpec] = Field(min_length=1)
     workspace: Expr = 0
     roles: Roles = Roles()
+
+    @model_validator(mode="after")
+    def _from_batch_names_params(self) -> "ContractModel":
+        for k, e in enumerate(self.entry_points):
+            unknown = [n for n in (e.from_batch.params if e.from_batch else ()) if n not in self.params]
+            if unknown:
+                raise ValueError(f"entry_points[{k}].from_batch.params: '{unknown[0]}' is not one of the contract's "
+                                 "params")
+        return self
 
     @model_validator(mode="after")
     def _roles_name_params(self) -> "ContractModel":

@@ -352,16 +352,47 @@ def _dim3(values, ctx, where) -> tuple[int, int, int]:
 
 
 def entry_symbols(contract: Contract, params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """(entry name, C++ name expression) of the entry points that `when` selects."""
+    """(entry name, C++ name expression) of the entry points that `when` selects; an entry's from_batch
+    instantiation, where it applies and differs, as '<name> (batch <at>+)'."""
     if done_before(contract, params):
         return ()
     out = []
     for k, e in enumerate(contract.model.entry_points):
-        if _truthy(e.when, params, f"{contract.path}: entry_points[{k}].when"):
-            out.append((e.name, expand(e.symbol, params)))
+        where = f"{contract.path}: entry_points[{k}]"
+        if not _truthy(e.when, params, f"{where}.when"):
+            continue
+        out.append((e.name, expand(e.symbol, params)))
+        at, large = _from_batch(e, params, where)
+        if at is not None and (symbol := expand(e.symbol, large)) != out[-1][1]:
+            out.append((f"{e.name} (batch {at}+)", symbol))
     if not out:
         raise KernelError(f"{contract.path}: no entry point applies to params {dict(params)}")
     return tuple(out)
+
+
+def _from_batch(entry, params: Mapping[str, Any], where: str) -> tuple[int | None, Mapping[str, Any]]:
+    """An entry's from_batch: its first batch and the params it launches with from there (None and the
+    params themselves where it has none or its `when` is false)."""
+    fb = entry.from_batch
+    if fb is None or not _truthy(fb.when, params, f"{where}.from_batch.when"):
+        return None, params
+    at = evaluate(fb.at, params, f"{where}.from_batch.at")
+    if not isinstance(at, int) or isinstance(at, bool) or at < 1:
+        raise KernelError(f"{where}.from_batch.at: need a batch of at least 1, got {at!r}")
+    return at, {**params, **{n: evaluate(v, params, f"{where}.from_batch.params.{n}") for n, v in fb.params.items()}}
+
+
+def batch_thresholds(contract: Contract, params: Mapping[str, Any]) -> tuple[int, ...]:
+    """The batches from which some entry point launches another kernel (its from_batch), ascending: between
+    two of them (and below the first) every batch launches the same kernels."""
+    if done_before(contract, params):
+        return ()
+    ats = set()
+    for k, e in enumerate(contract.model.entry_points):
+        where = f"{contract.path}: entry_points[{k}]"
+        if _truthy(e.when, params, f"{where}.when") and (at := _from_batch(e, params, where)[0]) is not None:
+            ats.add(at)
+    return tuple(sorted(ats))
 
 
 def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int],
@@ -369,12 +400,19 @@ def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, i
     """The launches for bound dims; `values` maps tensor/workspace names to device pointers."""
     if done_before(contract, params):
         return ()
-    ctx = {**params, **dims}
     out = []
     for k, e in enumerate(contract.model.entry_points):
         where = f"{contract.path}: entry_points[{k}]"
-        if not _truthy(e.when, ctx, f"{where}.when"):
+        if not _truthy(e.when, {**params, **dims}, f"{where}.when"):
             continue
+        at, large = _from_batch(e, params, where)
+        if at is not None:
+            if not isinstance(dims.get("B"), int):
+                raise KernelError(f"{where}.from_batch: the launch has no batch dim B bound")
+            eparams = large if dims["B"] >= at else params
+        else:
+            eparams = params
+        ctx = {**eparams, **dims}
         args = []
         for j, a in enumerate(e.args):
             for actx in _repeats(a, ctx, f"{where}.args[{j}]"):
@@ -389,7 +427,7 @@ def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, i
                     raise KernelError(f"{where}.args[{j}]: no tensor, dim or param named '{name}'"
                                       f"{closest(name, [*values, *actx])}")
                 args.append((name, a.type, value))
-        out.append(Launch(e.name, expand(e.symbol, params), _dim3(e.grid, ctx, f"{where}.grid"),
+        out.append(Launch(e.name, expand(e.symbol, eparams), _dim3(e.grid, ctx, f"{where}.grid"),
                           _dim3(e.block, ctx, f"{where}.block"),
                           int(evaluate(e.shared_mem, ctx, f"{where}.shared_mem")), tuple(args),
                           e.overlaps_previous))

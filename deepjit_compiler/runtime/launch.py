@@ -63,8 +63,8 @@ class ContractKernel:
         self.params = compiled.params
         self.module = gpu.load(compiled, prefer)
         self.signature: tuple[TensorSig, ...] = signature(self.contract, self.params)
-        self._functions: dict[str, Any] = {}
-        self._shared: dict[str, int] = {}  # dynamic shared memory each entry is allowed so far
+        self._functions: dict[str, Any] = {}  # by symbol
+        self._shared: dict[str, int] = {}  # dynamic shared memory each symbol is allowed so far
 
     @property
     def inputs(self) -> tuple[TensorSig, ...]:
@@ -104,13 +104,14 @@ class ContractKernel:
         """Geometry, configs and packed args for fixed buffers: launching them is all that is left."""
         plan = []
         for item in self.launches(tensors, dims):
-            fn = self._functions.get(item.entry)
+            # By symbol: an entry's from_batch instantiation is another kernel of the same entry.
+            fn = self._functions.get(item.symbol)
             if fn is None:
-                fn = self._functions[item.entry] = self.module.kernel(item.entry)
+                fn = self._functions[item.symbol] = self.module.kernel(item.symbol)
             # Only ever raised: graphs captured for other shapes still launch with what they were given.
-            if item.shared_mem > self._shared.get(item.entry, 0):
+            if item.shared_mem > self._shared.get(item.symbol, 0):
                 self.gpu.allow_shared(fn, item.shared_mem, f"kernel {self.contract.name} ({item.entry})")
-                self._shared[item.entry] = item.shared_mem
+                self._shared[item.symbol] = item.shared_mem
             # Overlap needs the code's own wait, compiled in only for sm_90 and newer.
             config = self.gpu.launch_config(item.grid, item.block, item.shared_mem,
                                             overlap=item.overlap and self.compiled.sm >= 90)

@@ -20,7 +20,7 @@ import onnx
 
 from ..bundle.view import BundleView, KernelView, StepView
 from ..graph.steps import StepRunner
-from ..jit.contracts import detection_outputs, load_contract, signature
+from ..jit.contracts import batch_thresholds, detection_outputs, load_contract, signature
 from ..jit.nvrtc import compile_site_kernel
 from ..runtime.launch import KernelChain
 from ..runtime.layout import site_aliases
@@ -104,6 +104,7 @@ class _Check:
         reference = StepRunner((s.name, self.models[s.name]) for s in steps)
         feeds = Feeds([{n: env[n] for n in dict.fromkeys([*reads, *ref_inputs])} for env in self.envs],
                       row_labels(self.envs))
+        feeds = self._every_bucket(kernels, feeds)
 
         def expected(feed):
             env = reference.tensors(feed)
@@ -119,6 +120,31 @@ class _Check:
                               self.tol, detections=detections, report_dir=self.report_dir,
                               report_name=f"kernels.{label}")
         return [dataclasses.replace(o, name=f"{label}/{o.name}") for o in result.outputs]
+
+    def _every_bucket(self, kernels, feeds: Feeds) -> Feeds:
+        """The feeds, and where a bucket launches other kernels than every feed's batch does (an entry's
+        from_batch), the first feed's rows repeated up to the smallest such bucket, so that each kernel a
+        bucket's graph can run is checked."""
+        ats = sorted({at for compiled, _ in kernels
+                      for at in batch_thresholds(load_contract(compiled.contract_path), compiled.params)})
+        if not ats:
+            return feeds
+
+        def kind(batch: int) -> int:  # the kernels a batch launches: how many thresholds it has reached
+            return sum(batch >= at for at in ats)
+
+        seen = {kind(len(rows)) for rows in feeds.labels}
+        arrays, labels = list(feeds), list(feeds.labels)
+        first, rows = feeds[0], feeds.labels[0]
+        for bucket in sorted({b for i in self.bundle.inputs for b in i.buckets}):
+            if kind(bucket) in seen:
+                continue
+            seen.add(kind(bucket))
+            take = np.arange(bucket) % len(rows)
+            arrays.append({n: np.take(a, take, axis=0) if a.ndim and a.shape[0] == len(rows) else a
+                           for n, a in first.items()})
+            labels.append([f"{rows[i]} (batch {bucket})" for i in take])
+        return Feeds(arrays, labels)
 
     @staticmethod
     def _external_inputs(steps: list[StepView]) -> list[str]:

@@ -31,7 +31,7 @@ def test_the_t4_bundle_typed(t4_build):
     assert view.levels["graph"]["status"] == "passed" and view.precision == "fp16"
     compiled = view.compiled(decode)
     assert compiled.cubin[:4] == b"\x7fELF" and compiled.symbol("decode").startswith("_Z")
-    assert view.contract(decode).model.roles.twin == {"mode": "output0", "lanes_per_anchor": 1}
+    assert view.contract(decode).model.roles.twin == {"mode": "output0", "lanes_per_anchor": 1, "large_batch_lanes": 0}
     assert [d.count for d in view.detections] == ["num_dets"]
     assert view.spec().name == t4_build.spec.spec.name == view.name
 

@@ -6,6 +6,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import yaml
 
 from deepjit_compiler.errors import BundleError, KernelError, RuntimeInputError
 from deepjit_compiler.graph.tensors import TensorSig
@@ -144,7 +145,7 @@ def test_decode_launch_geometry_and_typed_arg_order():
     dims = bind_dims(c, p, head_shapes(5))
     tensors = {s.name: 1000 + k for k, s in enumerate(signature(c, p))}
     (launch,) = launches(c, p, dims, tensors)
-    assert launch.symbol == "deepjit_yolov8_decode_candidates<float>"
+    assert launch.symbol == "deepjit_yolov8_decode_candidates<float, 1>"
     assert launch.grid == (-(-8400 // (2 * 64)), 5, 1) and launch.block == (64, 1, 1)
     names = [a[0] for a in launch.args]
     assert names == ["box_0", "box_1", "box_2", "cls_0", "cls_1", "cls_2", "H0", "H1", "H2", "W0", "W1", "W2", "A",
@@ -160,6 +161,31 @@ def test_lanes_per_anchor_launch_lanes_over_anchors_per_thread_threads_per_ancho
     p = resolve_params(c, {"anchors_per_thread": per_thread, "lanes_per_anchor": lanes}, FACTS)
     (launch,) = launches(c, p, bind_dims(c, p, head_shapes(3)), {s.name: 1 for s in signature(c, p)})
     assert launch.grid == (-(-threads // 128), 3, 1) and launch.block == (128, 1, 1)
+
+
+@pytest.mark.parametrize("batch, lanes", [(1, 4), (3, 4), (4, 2), (32, 2)])
+def test_large_batch_lanes_launch_their_kernel_and_grid_from_large_batch_on(batch, lanes):
+    c = load_contract("yolov8_decode")
+    p = resolve_params(c, {"anchors_per_thread": 1, "lanes_per_anchor": 4, "large_batch_lanes": 2,
+                           "large_batch": 4}, FACTS)
+    (launch,) = launches(c, p, bind_dims(c, p, head_shapes(batch)), {s.name: 1 for s in signature(c, p)})
+    assert launch.symbol == f"deepjit_yolov8_decode_candidates<float, {lanes}>"
+    assert launch.grid == (-(-8400 * lanes // 128), batch, 1)
+
+
+def test_from_batch_must_name_params_and_give_a_batch(tmp_path):
+    c = load_contract("yolov8_decode")
+    raw = yaml.safe_load(c.path.read_text())
+    raw["entry_points"][0]["from_batch"]["params"] = {"lanes": "large_batch_lanes"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(KernelError, match=r"from_batch.params: 'lanes' is not one of the contract's params"):
+        load_contract(str(tmp_path / "bad.yaml"))
+    raw["entry_points"][0]["from_batch"] = {"at": "large_batch - 4", "params": {"lanes_per_anchor": 2}}
+    (tmp_path / "zero.yaml").write_text(yaml.safe_dump(raw))
+    z = load_contract(str(tmp_path / "zero.yaml"))
+    p = resolve_params(z, {"anchors_per_thread": 1}, FACTS)
+    with pytest.raises(KernelError, match=r"entry_points\[0\].from_batch.at: need a batch of at least 1, got 0"):
+        launches(z, p, bind_dims(z, p, head_shapes(2)), {s.name: 1 for s in signature(z, p)})
 
 
 def test_concatenated_form_binds_anchors_from_its_input():
@@ -199,7 +225,7 @@ def test_decode_mode_nms_writes_the_nms_outputs_in_one_launch():
     dims = bind_dims(c, p, head_shapes(2))
     tensors = {s.name: 1000 + k for k, s in enumerate(signature(c, p))}
     (launch,) = launches(c, p, dims, {**tensors, "workspace": 7})
-    assert launch.symbol == "deepjit_yolov8_decode_nms<float, 100, true>"
+    assert launch.symbol == "deepjit_yolov8_decode_nms<float, 1, 100, true>"
     assert launch.block == (1024, 1, 1) and launch.grid == (-(-8400 // (4 * 1024)), 2, 1)
     assert launch.shared_mem == 256 * (256 // 8 + 28)  # the NMS chunk's, as the nms kernel's
     args = dict((a[0], a[2]) for a in launch.args)
@@ -243,7 +269,7 @@ def test_done_before_names_a_bool_param_and_params_of_the_contract(tmp_path):
 def test_entry_symbols_follow_params():
     c = load_contract("yolov8_decode")
     assert entry_symbols(c, resolve_params(c, {"mode": "output0", "dtype": "float16"}, FACTS)) == \
-        (("decode", "deepjit_yolov8_decode_output0<__half>"),)
+        (("decode", "deepjit_yolov8_decode_output0<__half, 1>"),)
 
 
 def test_user_contract_by_path_with_yaml_errors_located(tmp_path):

@@ -45,19 +45,35 @@ def test_cubin_and_ptx_for_sm75_without_a_gpu(t4_kernels):
 
 def test_sm90_build_and_fp16_inputs_find_cuda_fp16(tmp_path):
     k = compile_site_kernel("yolov8_decode", {"dtype": "float16", "mode": "output0"}, FACTS, sm=90, cache_dir=tmp_path)
-    assert ".target sm_90" in k.ptx and k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<__half>"),)
+    assert ".target sm_90" in k.ptx and k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<__half, 1>"),)
     assert "6__half" in k.symbol("decode")  # the template argument survives in the mangled name
 
 
 def test_lanes_per_anchor_is_for_the_candidates_and_nms_modes_only(tmp_path):
-    for way in ({"anchors_per_thread": 1, "lanes_per_anchor": 4}, {"anchors_per_thread": 2, "lanes_per_anchor": 2}):
+    for way in ({"anchors_per_thread": 1, "lanes_per_anchor": 4}, {"anchors_per_thread": 2, "lanes_per_anchor": 2},
+                {"anchors_per_thread": 4, "large_batch_lanes": 2}):
         k = compile_site_kernel("yolov8_decode", way, FACTS, sm=75, cache_dir=tmp_path)
-        assert "merge_parts(lane, d, best[j], prev[j], arg[j])" in k.source.code  # the shared-anchor kernel
-    with pytest.raises(KernelCompileError, match=r"yolov8_decode.cu.j2:\d+: error: static assertion failed with "
-                                                 r"\"yolov8_decode: lanes_per_anchor above 1 needs mode candidates "
-                                                 r"or nms\""):
-        compile_site_kernel("yolov8_decode", {"mode": "output0", "anchors_per_thread": 2, "lanes_per_anchor": 2},
-                            FACTS, sm=75, cache_dir=tmp_path)
+        assert "shfl.sync.bfly" in k.ptx  # the shared-anchor kernel's merge of the parts
+    assert "shfl.sync.bfly" not in compile_site_kernel("yolov8_decode", {"anchors_per_thread": 4}, FACTS, sm=75,
+                                                       cache_dir=tmp_path).ptx
+    for way in ({"lanes_per_anchor": 2}, {"large_batch_lanes": 2}):
+        with pytest.raises(KernelCompileError, match=r"yolov8_decode.cu.j2:\d+: error: static assertion failed with "
+                                                     r"\"yolov8_decode: lanes_per_anchor \(or large_batch_lanes\) above 1 "
+                                                     r"needs mode candidates or nms\""):
+            compile_site_kernel("yolov8_decode", {"mode": "output0", "anchors_per_thread": 2, **way},
+                                FACTS, sm=75, cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("lanes, large, symbols", [(4, 0, (4,)), (4, 4, (4,)), (4, 2, (4, 2)), (1, 2, (1, 2))])
+def test_large_batch_lanes_is_a_second_kernel_of_the_decode_entry(lanes, large, symbols, tmp_path):
+    """large_batch_lanes other than lanes_per_anchor compiles the decode a second time, as its own kernel
+    (the entry's from_batch), and neither kernel reads the grid's batch to choose its way."""
+    k = compile_site_kernel("yolov8_decode", {"anchors_per_thread": 1, "lanes_per_anchor": lanes,
+                                              "large_batch_lanes": large}, FACTS, sm=90, cache_dir=tmp_path)
+    names = ("decode", "decode (batch 4+)")
+    assert k.entries == tuple((name, f"deepjit_yolov8_decode_candidates<float, {p}>") for name, p in zip(names, symbols))
+    assert len({k.symbol(name) for name in names[:len(symbols)]}) == len(symbols)
+    assert "%nctaid.y" not in k.ptx
 
 
 def test_nms_chunk_must_fit_the_target_sms_shared_memory(tmp_path):
@@ -84,21 +100,23 @@ def test_decode_output0_twin_of_each_example_pipeline_compiles(pipeline, tmp_pat
     cuts = load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts
     (ref,) = [k for cut in cuts for k in cut.kernels if k.contract == "yolov8_decode"]
     twin = load_contract("yolov8_decode").model.roles.twin
-    assert twin == {"mode": "output0", "lanes_per_anchor": 1}
+    assert twin == {"mode": "output0", "lanes_per_anchor": 1, "large_batch_lanes": 0}
     k = compile_site_kernel("yolov8_decode", {**ref.params, **twin}, FACTS, sm=90, cache_dir=tmp_path)
-    assert k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<float>"),)
+    assert k.source.symbols == (("decode", "deepjit_yolov8_decode_output0<float, 1>"),)
 
 
 @pytest.mark.parametrize("pipeline, sm", [("yolov8_t4", 75), ("yolov8_h200", 90)])
 def test_each_example_pipelines_decode_reads_fp16_head_maps_from_an_fp16_site(pipeline, sm, tmp_path):
     """An fp16 build hands the decode fp16 head maps (facts input_dtype, precision/boundaries.py): the
     spec's decode and its twin, the dtype inferred, compile for the target with 16-bit loads only."""
+    from deepjit_compiler.jit.contracts import load_contract
     from deepjit_compiler.spec.load import load_spec
 
     cuts = load_spec(Path(__file__).parents[2] / "pipelines" / f"{pipeline}.yaml").spec.cuts
     (ref,) = [k for cut in cuts for k in cut.kernels if k.contract == "yolov8_decode"]
     fp16 = {**FACTS, "input_dtype": "float16"}
-    for params in (ref.params, {**ref.params, "mode": "output0", "lanes_per_anchor": 1}):
+    twin = load_contract("yolov8_decode").model.roles.twin
+    for params in (ref.params, {**ref.params, **twin}):
         k = compile_site_kernel("yolov8_decode", params, fp16, sm=sm, cache_dir=tmp_path)
         assert k.params["dtype"] == "float16" and "6__half" in k.symbol("decode") and f".target sm_{sm}" in k.ptx
         loads = re.findall(r"ld\.global[.\w]*", k.ptx)
@@ -163,7 +181,7 @@ def test_compile_error_is_reported_at_the_template_line(tmp_path):
 
 def test_name_expressions_of_templates_are_kept(t4_kernels):
     decode, _ = t4_kernels
-    assert decode.lowered[0][0] == "deepjit_yolov8_decode_candidates<float>"
+    assert decode.lowered[0][0] == "deepjit_yolov8_decode_candidates<float, 1>"
     with pytest.raises(KernelError, match="no entry point 'nope'"):
         decode.symbol("nope")
 
@@ -204,7 +222,7 @@ def test_decode_mode_nms_compiles_with_the_shared_nms_body(tmp_path):
     fused = {"mode": "nms", "block": 512, "max_det": 100}
     for sm in (75, 90):
         k = compile_site_kernel("yolov8_decode", {**fused, "chunk": 256}, FACTS, sm=sm, cache_dir=tmp_path)
-        assert k.entries == (("decode", "deepjit_yolov8_decode_nms<float, 100, false>"),)
+        assert k.entries == (("decode", "deepjit_yolov8_decode_nms<float, 1, 100, false>"),)
         assert "#include \"deepjit_nms.cuh\"" in k.source.code and "#define DJ_NMS_BLOCK 512" in k.source.code
         assert any(name == "deepjit_nms.cuh" for name, _ in k.source.headers)
     with pytest.raises(KernelCompileError, match=r"deepjit_nms.cuh\(\d+\): error: static assertion failed with \"nms: chunk"):
@@ -221,4 +239,4 @@ def test_the_twin_of_a_fused_decode_compiles(tmp_path):
     twin = load_contract("yolov8_decode").model.roles.twin
     fused = {"mode": "nms", "block": 1024, "chunk": 512, "anchors_per_thread": 1, "lanes_per_anchor": 4}
     k = compile_site_kernel("yolov8_decode", {**fused, **twin}, FACTS, sm=90, cache_dir=tmp_path)
-    assert k.entries == (("decode", "deepjit_yolov8_decode_output0<float>"),)
+    assert k.entries == (("decode", "deepjit_yolov8_decode_output0<float, 1>"),)

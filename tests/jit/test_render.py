@@ -18,11 +18,11 @@ FACTS = {"reg_max": 16, "num_classes": 80, "strides": [8, 16, 32], "anchors": 84
 
 def test_decode_source_bakes_site_facts_and_spec_params():
     _, src = render_kernel("yolov8_decode", {"conf_threshold": 0.3, "anchors_per_thread": 2}, {**FACTS, "num_classes": 7})
-    assert "enum : int { NC = 7, REG = 16, V = 2, LANES = 1, BLOCK = 128 };" in src.code
+    assert "enum : int { NC = 7, REG = 16, V = 2, BLOCK = 128 };" in src.code
     assert "const int hw1 = 40 * 40;" in src.code                 # static levels are constants
     literal = re.search(r"float conf_threshold\(\) \{ return (\S+)f", src.code).group(1)
     assert float.fromhex(literal) == float(np.float32(0.3))      # the float32 the reference uses
-    assert src.symbols == (("decode", "deepjit_yolov8_decode_candidates<float>"),)
+    assert src.symbols == (("decode", "deepjit_yolov8_decode_candidates<float, 1>"),)
     assert src.headers[0][0] == "deepjit_common.cuh" and "/*@@" not in src.code
 
 

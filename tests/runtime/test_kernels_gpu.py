@@ -329,7 +329,10 @@ NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 2
              "agnostic-maxdet20-chunk512": {"agnostic": True, "max_det": 20, "block": 1024, "chunk": 512}}
 DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
                "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4},
-               "2-lanes-per-2-anchors": {"anchors_per_thread": 2, "lanes_per_anchor": 2}}
+               "2-lanes-per-2-anchors": {"anchors_per_thread": 2, "lanes_per_anchor": 2},
+               # batches 1-3 launch the 4-lane kernel, 4 and up the 2-lane one (the entry's from_batch)
+               "4-lanes-then-2-from-batch-4": {"anchors_per_thread": 1, "lanes_per_anchor": 4,
+                                               "large_batch_lanes": 2, "large_batch": 4}}
 
 
 def skip_if_chunk_too_big(params, target):

@@ -100,11 +100,14 @@ class FakeFunction:
 
 
 class FakeModule:
-    def __init__(self, contract: str):
-        self.contract = contract
+    """A kernel by its entry point's name or C++ name expression, as gpu.Module finds it; named by its entry."""
 
-    def kernel(self, entry: str) -> FakeFunction:
-        return FakeFunction(self.contract, entry)
+    def __init__(self, kernel):
+        self.contract = kernel.contract
+        self.entries = {expr: entry for entry, expr in kernel.entries}
+
+    def kernel(self, name: str) -> FakeFunction:
+        return FakeFunction(self.contract, self.entries.get(name, name))
 
 
 class FakeGraph:
@@ -152,7 +155,7 @@ class FakeGpu(CountingGpu):
 
     def load(self, kernel, prefer="auto"):
         self.loaded[kernel.contract] = prefer
-        return FakeModule(kernel.contract)
+        return FakeModule(kernel)
 
     def launch_config(self, grid, block, shared_mem=0, overlap=False):
         self.log.append(("config", tuple(grid), shared_mem, overlap))

@@ -118,3 +118,6 @@ def test_the_h200_example_passes_its_gpu_levels_at_fp16(write_spec, tmp_path):
     levels = _levels(tmp_path / "out/yolov8s_h200")
     assert levels["kernels"]["status"] == levels["end_to_end"]["status"] == "passed"
     assert levels["end_to_end"]["outputs"]["detections"]["metrics"]["reference"] > 100
+    # its decode launches another kernel from batch 4 (large_batch_lanes): the kernels level checked that one
+    # too, on the first batch's 2 rows repeated up to bucket 4, besides its 2 batches of 2
+    assert levels["kernels"]["outputs"]["decode+nms/detections"]["metrics"]["images"] == 2 * 2 + 4

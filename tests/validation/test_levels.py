@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from conftest_models import tiny_detector
 
@@ -15,7 +16,7 @@ from deepjit_compiler.jit.contracts import declared_detections
 from deepjit_compiler.spec.load import load_spec
 from deepjit_compiler.surgery.cut import plan_from_model
 from deepjit_compiler.validation import gpu as gpu_levels_mod
-from deepjit_compiler.validation.data import feeds_for
+from deepjit_compiler.validation.data import Feeds, feeds_for
 from deepjit_compiler.validation.end_to_end import end_to_end_level
 from deepjit_compiler.validation.engine import engine_level
 from deepjit_compiler.validation.kernels import _Check, _kernel_runs
@@ -107,3 +108,30 @@ def test_the_decode_is_checked_as_its_twin_and_nms_in_the_chain(t4_build):
     assert check.needs_twin(decode, decode.kernels[0])
     assert not check.needs_twin(nms, nms.kernels[0])
     assert check._external_inputs([decode, nms]) == [t.name for t in decode.inputs]  # output0 is made inside
+
+
+@pytest.mark.parametrize("feed_batches, large_batch, extra", [((2, 2), 4, [4]), ((2, 4), 4, []), ((2, 2), 16, []),
+                                                              ((1,), 2, [2])])
+def test_the_kernels_level_runs_each_kernel_a_bucket_can_launch(feed_batches, large_batch, extra):
+    """A decode with large_batch_lanes launches another kernel from large_batch on: where no feed's batch
+    reaches it but a bucket does, the first feed's rows repeated up to that bucket are checked too."""
+    from deepjit_compiler.jit.contracts import load_contract, resolve_params
+
+    contract = load_contract("yolov8_decode")
+    facts = {"reg_max": 16, "num_classes": 80, "strides": [8, 16, 32], "anchors": 8400,
+             "levels": [[80, 80], [40, 40], [20, 20]]}
+    params = resolve_params(contract, {"lanes_per_anchor": 4, "large_batch_lanes": 2, "large_batch": large_batch},
+                            facts)
+    kernels = [(SimpleNamespace(contract_path=str(contract.path), params=params), {})]
+    bundle = SimpleNamespace(inputs=[SimpleNamespace(buckets=(1, 2, 4, 8))])
+    check = _Check(None, bundle, {}, [], SimpleNamespace(validation=SimpleNamespace(tolerances=None)), None)
+    rng = np.random.default_rng(0)
+    feeds = Feeds([{"cls_0": rng.normal(size=(b, 80, 3)).astype(np.float32), "scale": np.float32(2.0)}
+                   for b in feed_batches], [[f"f{k} r{i}" for i in range(b)] for k, b in enumerate(feed_batches)])
+    out = check._every_bucket(kernels, feeds)
+    assert [len(rows) for rows in out.labels] == [*feed_batches, *extra]
+    for k, bucket in enumerate(extra, start=len(feed_batches)):
+        take = np.arange(bucket) % feed_batches[0]
+        np.testing.assert_array_equal(out[k]["cls_0"], feeds[0]["cls_0"][take])
+        assert out[k]["scale"] == np.float32(2.0)  # not a batch: as it is
+        assert out.labels[k] == [f"f0 r{i} (batch {bucket})" for i in take]
