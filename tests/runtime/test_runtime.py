@@ -74,6 +74,14 @@ def fused_bundle(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def lanes_bundle(tmp_path_factory) -> Path:
+    """The T4 example with the H200 spec's decode: 4 lanes an anchor, 2 from batch 4 (large_batch_lanes)."""
+    return build_variant(tmp_path_factory.mktemp("rt-lanes"), "yolov8n_lanes", {
+        "          anchors_per_thread: 4\n": "          anchors_per_thread: 1\n          lanes_per_anchor: 4\n"
+                                            "          large_batch_lanes: 2\n"})
+
+
+@pytest.fixture(scope="session")
 def t4_layout(t4_bundle) -> Layout:
     return Layout.from_bundle(read_bundle(t4_bundle))
 
@@ -565,6 +573,21 @@ def test_graph_holds_the_buckets_launch_geometry(t4_bundle, fake):
         pipe({"images": images(np.random.default_rng(2), 5)})            # bucket 8
         blocks = math.ceil(HEADS / (4 * 128))                              # anchors_per_thread 4, block 128
         assert seen == {"decode": [(blocks, 8, 1)], "nms": [(8, 1, 1)]}
+
+
+def test_each_buckets_graph_holds_its_own_decode_kernel(lanes_bundle, fake):
+    """large_batch_lanes 2 from batch 4: buckets 1 and 2 capture the 4-lane decode kernel and its grid,
+    4 and 8 the 2-lane one (the entry's from_batch), each launched by its entry's name."""
+    with Pipeline.load(lanes_bundle) as pipe:
+        gpu = fake.made[0]
+        seen = []
+        for entry in ("decode", "decode (batch 4+)"):
+            gpu.hooks[entry] = lambda grid, args, entry=entry: seen.append((entry, grid))
+        for batch in (1, 2, 3, 8):
+            pipe({"images": images(np.random.default_rng(batch), batch)})
+    blocks = {lanes: math.ceil(HEADS * lanes / 128) for lanes in (4, 2)}  # anchors_per_thread 1, block 128
+    assert seen == [("decode", (blocks[4], 1, 1)), ("decode", (blocks[4], 2, 1)),
+                    ("decode (batch 4+)", (blocks[2], 4, 1)), ("decode (batch 4+)", (blocks[2], 8, 1))]
 
 
 def test_nms_gets_its_shared_memory_and_overlaps_the_decode_only_in_sm90_code(t4_bundle, fake, tmp_path):

@@ -41,7 +41,8 @@ def gpu():
 
 
 def variant_specs(sm: int) -> dict[str, dict[str, str]]:
-    """yolov8n variants of pipelines/yolov8_t4.yaml: built for this GPU, for a T4, and with a letterbox."""
+    """yolov8n variants of pipelines/yolov8_t4.yaml: built for this GPU (and the H200 spec's decode), for a
+    T4, and with a letterbox."""
     base = {"path: ../models/yolov8s.onnx": "path: models/yolov8n.onnx", "synthesize: yolov8s": "synthesize: yolov8n",
             "file://../build/store": "file://store", "  gate: true": "  gate: false"}
     letterbox = {
@@ -56,7 +57,10 @@ def variant_specs(sm: int) -> dict[str, dict[str, str]]:
         "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 1.0], raw_images: [0, 255]}",
         "gpu: T4 ": f"sm: {sm} ",
     }
-    return {"yolov8n_native": {**base, "gpu: T4 ": f"sm: {sm} "}, "yolov8n_t4": dict(base),
+    # built for this GPU with the H200 spec's decode: 4 lanes an anchor, and a 2-lane kernel from batch 4
+    native = {"gpu: T4 ": f"sm: {sm} ", "          anchors_per_thread: 4\n": "          anchors_per_thread: 1\n"
+              "          lanes_per_anchor: 4\n          large_batch_lanes: 2\n"}
+    return {"yolov8n_native": {**base, **native}, "yolov8n_t4": dict(base),
             "yolov8n_lb": {**base, **letterbox}}
 
 
