@@ -372,14 +372,17 @@ def entry_symbols(contract: Contract, params: Mapping[str, Any]) -> tuple[tuple[
 
 def _from_batch(entry, params: Mapping[str, Any], where: str) -> tuple[int | None, Mapping[str, Any]]:
     """An entry's from_batch: its first batch and the params it launches with from there (None and the
-    params themselves where it has none or its `when` is false)."""
+    params themselves where it has none, its `when` is false, or it changes no param)."""
     fb = entry.from_batch
     if fb is None or not _truthy(fb.when, params, f"{where}.from_batch.when"):
         return None, params
     at = evaluate(fb.at, params, f"{where}.from_batch.at")
     if not isinstance(at, int) or isinstance(at, bool) or at < 1:
         raise KernelError(f"{where}.from_batch.at: need a batch of at least 1, got {at!r}")
-    return at, {**params, **{n: evaluate(v, params, f"{where}.from_batch.params.{n}") for n, v in fb.params.items()}}
+    large = {n: evaluate(v, params, f"{where}.from_batch.params.{n}") for n, v in fb.params.items()}
+    if all(params.get(n) == v for n, v in large.items()):
+        return None, params
+    return at, {**params, **large}
 
 
 def batch_thresholds(contract: Contract, params: Mapping[str, Any]) -> tuple[int, ...]:

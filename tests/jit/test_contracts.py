@@ -12,6 +12,7 @@ from deepjit_compiler.errors import BundleError, KernelError, RuntimeInputError
 from deepjit_compiler.graph.tensors import TensorSig
 from deepjit_compiler.jit import contract_models
 from deepjit_compiler.jit.contracts import (
+    batch_thresholds,
     bind_dims,
     concrete_shape,
     entry_symbols,
@@ -171,6 +172,15 @@ def test_large_batch_lanes_launch_their_kernel_and_grid_from_large_batch_on(batc
     (launch,) = launches(c, p, bind_dims(c, p, head_shapes(batch)), {s.name: 1 for s in signature(c, p)})
     assert launch.symbol == f"deepjit_yolov8_decode_candidates<float, {lanes}>"
     assert launch.grid == (-(-8400 * lanes // 128), batch, 1)
+
+
+@pytest.mark.parametrize("way, thresholds", [({"large_batch_lanes": 2}, (4,)),
+                                             ({"large_batch_lanes": 2, "large_batch": 8}, (8,)),
+                                             ({"large_batch_lanes": 4}, ()), ({}, ())])
+def test_batch_thresholds_are_where_another_kernel_starts(way, thresholds):
+    c = load_contract("yolov8_decode")
+    assert batch_thresholds(c, resolve_params(c, {"anchors_per_thread": 1, "lanes_per_anchor": 4, **way}, FACTS)) == \
+        thresholds
 
 
 def test_from_batch_must_name_params_and_give_a_batch(tmp_path):

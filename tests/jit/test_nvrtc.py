@@ -58,8 +58,8 @@ def test_lanes_per_anchor_is_for_the_candidates_and_nms_modes_only(tmp_path):
                                                        cache_dir=tmp_path).ptx
     for way in ({"lanes_per_anchor": 2}, {"large_batch_lanes": 2}):
         with pytest.raises(KernelCompileError, match=r"yolov8_decode.cu.j2:\d+: error: static assertion failed with "
-                                                     r"\"yolov8_decode: lanes_per_anchor \(or large_batch_lanes\) above 1 "
-                                                     r"needs mode candidates or nms\""):
+                                                     r"\"yolov8_decode: lanes_per_anchor \(or large_batch_lanes\) "
+                                                     r"above 1 needs mode candidates or nms\""):
             compile_site_kernel("yolov8_decode", {"mode": "output0", "anchors_per_thread": 2, **way},
                                 FACTS, sm=75, cache_dir=tmp_path)
 
@@ -71,7 +71,8 @@ def test_large_batch_lanes_is_a_second_kernel_of_the_decode_entry(lanes, large, 
     k = compile_site_kernel("yolov8_decode", {"anchors_per_thread": 1, "lanes_per_anchor": lanes,
                                               "large_batch_lanes": large}, FACTS, sm=90, cache_dir=tmp_path)
     names = ("decode", "decode (batch 4+)")
-    assert k.entries == tuple((name, f"deepjit_yolov8_decode_candidates<float, {p}>") for name, p in zip(names, symbols))
+    assert k.entries == tuple((name, f"deepjit_yolov8_decode_candidates<float, {p}>")
+                              for name, p in zip(names, symbols))
     assert len({k.symbol(name) for name in names[:len(symbols)]}) == len(symbols)
     assert "%nctaid.y" not in k.ptx
 
