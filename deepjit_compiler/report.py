@@ -198,6 +198,14 @@ def _tensors(sigs: list[dict[str, Any]]) -> str:
     return "\n".join(f"{t['name']} {t['dtype']} {t['shape']}" for t in sigs)
 
 
+def _entries(entries: Mapping[str, str]) -> str:
+    """A kernel's C++ entry points, each under its entry's name where there are several (a from_batch kernel,
+    'decode (batch 4+)', beside the entry's own)."""
+    if len(entries) <= 1:
+        return "\n".join(entries.values())
+    return "\n".join(f"{name}: {symbol}" for name, symbol in entries.items())
+
+
 def _params(params: Mapping[str, Any]) -> str:
     return "\n".join(f"{k}={v}" for k, v in params.items())
 
@@ -237,7 +245,7 @@ def _render_bundle(d: dict[str, Any]) -> str:
         for k in st.get("kernels", ()):
             kernels.add_row(st["name"], k["contract"], f"{k['arch']} cubin ({human_size(k['cubin_size'])})\n"
                             f"{k['ptx_arch']} PTX ({human_size(k['ptx_size'])}), NVRTC {k['nvrtc_version']}",
-                            "\n".join(k["entries"].values()), _params(k["params"]))
+                            _entries(k["entries"]), _params(k["params"]))
     out.print(kernels)
     levels = Table(title="validation")
     for col in ("level", "status", "detail"):

@@ -7,7 +7,7 @@ from conftest import run_cli, table_text
 
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.engines.flavours import TENSORRT_RTX
-from deepjit_compiler.report import describe, print_build
+from deepjit_compiler.report import _entries, describe, print_build
 
 # With TensorRT-RTX here (the README's install) the T4 build makes its plan; without it, the plan is deferred.
 RTX = TENSORRT_RTX.importable()
@@ -66,3 +66,10 @@ def test_the_build_table_shows_tensors_the_engine_and_each_outputs_gate(t4_build
     precision = next(line for line in lines if "output0: max abs" in line)
     assert "gate: abs <= 0.05 or rel <= 0.05, on the mean" in precision  # the lossy defaults
     assert "min_map 0.9, min_map50 0.95, min_precision 0.9, min_recall 0.9" in table_text(out)
+
+
+def test_a_kernel_with_a_from_batch_kernel_lists_each_under_its_entry():
+    assert _entries({"nms": "deepjit_nms<300, false>"}) == "deepjit_nms<300, false>"
+    assert _entries({"decode": "deepjit_yolov8_decode_candidates<__half, 4>",
+                     "decode (batch 4+)": "deepjit_yolov8_decode_candidates<__half, 2>"}) == \
+        "decode: deepjit_yolov8_decode_candidates<__half, 4>\ndecode (batch 4+): deepjit_yolov8_decode_candidates<__half, 2>"
