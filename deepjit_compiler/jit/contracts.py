@@ -357,17 +357,21 @@ def entry_symbols(contract: Contract, params: Mapping[str, Any]) -> tuple[tuple[
     if done_before(contract, params):
         return ()
     out = []
-    for k, e in enumerate(contract.model.entry_points):
-        where = f"{contract.path}: entry_points[{k}]"
-        if not _truthy(e.when, params, f"{where}.when"):
-            continue
+    for e, at, large in _selected_entries(contract, params):
         out.append((e.name, expand(e.symbol, params)))
-        at, large = _from_batch(e, params, where)
         if at is not None and (symbol := expand(e.symbol, large)) != out[-1][1]:
             out.append((f"{e.name} (batch {at}+)", symbol))
     if not out:
         raise KernelError(f"{contract.path}: no entry point applies to params {dict(params)}")
     return tuple(out)
+
+
+def _selected_entries(contract: Contract, params: Mapping[str, Any]):
+    """The entry points whose `when` holds for params, each with its from_batch (at, params; _from_batch)."""
+    for k, e in enumerate(contract.model.entry_points):
+        where = f"{contract.path}: entry_points[{k}]"
+        if _truthy(e.when, params, f"{where}.when"):
+            yield (e, *_from_batch(e, params, where))
 
 
 def _from_batch(entry, params: Mapping[str, Any], where: str) -> tuple[int | None, Mapping[str, Any]]:
@@ -390,12 +394,7 @@ def batch_thresholds(contract: Contract, params: Mapping[str, Any]) -> tuple[int
     two of them (and below the first) every batch launches the same kernels."""
     if done_before(contract, params):
         return ()
-    ats = set()
-    for k, e in enumerate(contract.model.entry_points):
-        where = f"{contract.path}: entry_points[{k}]"
-        if _truthy(e.when, params, f"{where}.when") and (at := _from_batch(e, params, where)[0]) is not None:
-            ats.add(at)
-    return tuple(sorted(ats))
+    return tuple(sorted({at for _, at, _ in _selected_entries(contract, params) if at is not None}))
 
 
 def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int],
