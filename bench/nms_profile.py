@@ -1,13 +1,14 @@
 """Where the nms block's time goes (not a test): clock64() cycles per step of image 0's block.
 
-    python3 bench/nms_profile.py [--batches 1 8] [--block 1024] [--chunk 512] [--contract kernels/nms.yaml]
-                                 [--object-classes 80]
+    python3 bench/nms_profile.py [--batches 1 8] [--block 1024] [--chunk 512] [--cluster 1]
+                                 [--contract kernels/nms.yaml] [--object-classes 80]
 
 Compiles a copy of the nms contract's template with DJ_NMS_PROFILE defined (templates/deepjit_nms.cuh:
 a mark after each block barrier, a step ending when its last warp gets there) and runs it on
 bench/postprocess.py's data sets; the kernel prints one line per 64 launches ("nms slot profile" where
-the image took the slot path: its counting pass, rows, settle and output). Marks cost a few cycles
-each, so totals are a little above the plain kernel's.
+the image took the slot path: its counting pass, rows, settle, the cluster's exchange with --cluster
+above 1, and output; a cluster's first block prints). Marks cost a few cycles each, so totals are a little
+above the plain kernel's.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--block", type=int, default=1024)
     ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--cluster", type=int, default=1, help="nms's cluster: blocks an image (sm_90+)")
     ap.add_argument("--contract", type=Path, default=REPO / "kernels" / "nms.yaml")
     ap.add_argument("--object-classes", type=object_classes, default=NC,
                     help="as bench/postprocess.py's (1: a crowded frame of one class)")
@@ -56,9 +58,10 @@ def main(argv=None) -> int:
                                                    "anchors_per_thread": 1, "lanes_per_anchor": 4}, site.facts, sm=gpu.sm)
     with tempfile.TemporaryDirectory() as tmp:
         ref = profiled_copy(args.contract, Path(tmp))
+        cluster = {"cluster": args.cluster} if args.cluster != 1 else {}  # older contracts lack it
         nms = compile_site_kernel(str(ref), {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
-                                             "block": args.block, "chunk": args.chunk}, site.facts, sm=gpu.sm,
-                                  spec_dir=".")
+                                             "block": args.block, "chunk": args.chunk, **cluster}, site.facts,
+                                  sm=gpu.sm, spec_dir=".")
         for batch in args.batches:  # inside: the runtime reads the contract again
             print(f"== batch {batch} (plain, graph, then nms alone)", flush=True)
             sets = [head_maps(np.random.default_rng(batch), batch, args.object_classes)] * 4

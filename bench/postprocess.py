@@ -413,6 +413,10 @@ def main(argv=None) -> int:
     ap.add_argument("--large-batch", type=int, default=4, help="yolov8_decode's large_batch")
     ap.add_argument("--nms-block", type=int, default=512, help="threads of the nms kernel's one block per image")
     ap.add_argument("--nms-chunk", type=int, help="nms's chunk (default: the contract's)")
+    ap.add_argument("--nms-cluster", type=int, default=1, help="nms's cluster: blocks an image (sm_90+)")
+    ap.add_argument("--nms-large-batch-cluster", type=int, default=0,
+                    help="nms's large_batch_cluster: its cluster from batch --nms-large-batch on (0: none)")
+    ap.add_argument("--nms-large-batch", type=int, default=16, help="nms's large_batch")
     ap.add_argument("--decode-contract", default="yolov8_decode", help="contract name or YAML path")
     ap.add_argument("--nms-contract", default="nms", help="contract name or YAML path")
     ap.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (for ncu's source view)")
@@ -461,7 +465,11 @@ def main(argv=None) -> int:
         if decode.params.get("dtype", "float32") != dtype:
             raise SystemExit(f"{args.decode_contract} does not read {dtype} head maps (its dtype: "
                              f"{decode.params.get('dtype')}); pass --head-dtypes it reads")
-    chunk = {"chunk": args.nms_chunk} if args.nms_chunk else {}  # older contracts lack it
+    chunk = {"chunk": args.nms_chunk} if args.nms_chunk else {}  # older contracts lack these
+    if args.nms_cluster != 1:
+        chunk.update(cluster=args.nms_cluster)
+    if args.nms_large_batch_cluster:
+        chunk.update(large_batch_cluster=args.nms_large_batch_cluster, large_batch=args.nms_large_batch)
     nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
                                                   "block": args.nms_block, **chunk}, sites[args.head_dtypes[0]].facts,
                               sm=gpu.sm, debug=args.lineinfo)

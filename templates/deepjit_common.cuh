@@ -45,6 +45,66 @@ __device__ __forceinline__ void start_next() {
 #endif
 }
 
+// Thread block clusters (sm_90 and newer; a kernel compiled for an older SM never calls these: dj_nms
+// asserts its cluster is 1 there). Every thread of every block calls a cluster_arrive and cluster_wait()
+// in turn; cluster_wait() returns once every block has arrived (acquiring what a release arrive released).
+// Blocks hand each other words through mbarriers, without fences: the owner sets one up and says how many
+// bytes will arrive (mbar_expect), a relaxed cluster arrive and wait pass that on, the senders store_rank()
+// into its shared memory (each store counts its bytes on the owner's mbarrier when it lands), and the
+// owner's mbar_wait() returns once they all have.
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// The address of p's shared-memory word in block `rank` of the cluster.
+__device__ __forceinline__ unsigned shared_rank(const void* p, unsigned rank) {
+    unsigned remote = 0u;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+#endif
+    return remote;
+}
+// One mbarrier phase that completes once `bytes` have landed (the owner's own arrival is made here).
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned at = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\t"
+                 "fence.mbarrier_init.release.cluster;\n\t"
+                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(at), "r"(bytes) : "memory");
+#endif
+}
+// v to p's word in block `rank`, counted on that block's `bar` when it lands.
+__device__ __forceinline__ void store_rank(const unsigned* p, unsigned rank, unsigned v, const unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 :: "r"(shared_rank(p, rank)), "r"(v), "r"(shared_rank(bar, rank)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar) {  // its first phase
+#if __CUDA_ARCH__ >= 900
+    const unsigned at = (unsigned)__cvta_generic_to_shared(bar);
+    unsigned done = 0u;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(at) : "memory");
+    } while (!done);
+#endif
+}
+
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 

@@ -35,6 +35,17 @@ enum : int { GCAP = 64, BCAP = 16, SLOT_MEM = SORT_CAP * 12 / 40 / 32 * 32,
              SLOT_N = DYNAMIC_BYTES >= NB * (GCAP + BCAP) * 2 ? SLOT_CAP : 0,
              SLOT_WORDS = SLOT_N > 0 ? SLOT_N / 32 : 1 };
 static_assert(SLOT_WORDS <= WORDS, "nms: the slot path keeps its kept bits in the chunk's (s_kept32)");
+// An image may take CL blocks, a thread block cluster (nms_image's CL; sm_90+): on the slot path block r of
+// the cluster takes the rows and settle of the class groups g with g % CL == r (its own candidates listed
+// after the member lists, in the chunk's shared memory), and the blocks hand each other their kept bits
+// over distributed shared memory before each writes its own kept boxes; any other path is the first
+// block's alone.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+enum : int { CLUSTERS = 1 };
+#else
+enum : int { CLUSTERS = 0 };
+#endif
+static_assert(SLOT_WORDS < 32, "nms: a cluster's block sends its kept words and count from one warp");
 __device__ __forceinline__ float iou_threshold() { return DJ_NMS_IOU; }
 __device__ __forceinline__ float conf_threshold() { return DJ_NMS_CONF; }
 static_assert(BLOCK % 64 == 0 && BLOCK >= 128, "nms: block must be a multiple of 64, at least 128");
@@ -244,17 +255,19 @@ __device__ __forceinline__ void settle_groups(const unsigned* cols, const int* g
 }
 
 // The slot path's rows (nms_image): each candidate c < n with a key (fkey[c] != 0) against every member
-// of its class group (gslot, by arrival), 2^shift lanes a candidate, each taking every 2^shift-th member:
+// of its class group (gslot, by arrival), or each of the n candidates own[] lists (a cluster's block: its
+// groups' candidates), 2^shift lanes a candidate, each taking every 2^shift-th member:
 // sup[c] gets bit k when member k scores above c and suppresses it, info[c] c's place in its group's score
 // order (bits 0-7), in its score bucket's (bslot; bits 8-15), and the bucket (16-23). The last warp, which
 // has no candidate, finds the buckets' starts meanwhile, and the warp before it, where it has none either,
 // lists the non-empty class groups for the settle (glist, *groups; gstart is its scratch).
-__device__ __forceinline__ void slot_rows(int n, int shift, const u64* fkey, const float4* fbox, const int* fcls,
-                                          const unsigned short* gslot, const unsigned short* bslot,
+__device__ __forceinline__ void slot_rows(int n, int shift, const int* own, const u64* fkey, const float4* fbox,
+                                          const int* fcls, const unsigned short* gslot, const unsigned short* bslot,
                                           const int* gsize, const int* bsize, u64* sup_out, int* info_out,
                                           int* start, int* gstart, int* glist, int* groups) {
-    const int tid = threadIdx.x, c = tid >> shift, step = 1 << shift, part = tid & (step - 1);
-    const u64 key = c < n ? fkey[c] : 0ull;
+    const int tid = threadIdx.x, i = tid >> shift, step = 1 << shift, part = tid & (step - 1);
+    const int c = i < n && own != nullptr ? own[i] : i;
+    const u64 key = i < n ? fkey[c] : 0ull;
     u64 sup = 0ull;
     int above = 0, ahead = 0, bucket = 0;
     if (key != 0ull) {
@@ -339,18 +352,21 @@ __device__ __forceinline__ void settle_group(int g, int size, const unsigned sho
 // Every class group's settle_group: a warp per listed group (glist, when the rows step listed them: groups
 // >= 0), else the groups g with g % WARPS == warp, so one warp may take three groups of an image's ~30 in
 // turn (listing them took 0.3-0.7 µs off the nms at batch 1-32, bench/RESULTS.md 2026-12-03 session 13).
+template <int CL>
 __device__ __forceinline__ void slot_settle(const unsigned short* gslot, const int* gsize, const u64* sup_in,
                                             const int* info_in, const int* start, unsigned* kept32, int* total,
-                                            const int* glist, int groups) {
+                                            const int* glist, int groups, int rank) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (groups >= 0) {
         for (int e = warp; e < groups; e += WARPS)
-            settle_group(glist[e], gsize[glist[e]], gslot, sup_in, info_in, start, kept32, total);
+            if (CL == 1 || glist[e] % CL == rank)
+                settle_group(glist[e], gsize[glist[e]], gslot, sup_in, info_in, start, kept32, total);
         return;
     }
     for (int g0 = warp; g0 < NB; g0 += 32 * WARPS) {
         const int mine = g0 + WARPS * lane < NB ? gsize[g0 + WARPS * lane] : 0;
-        for (unsigned groups = __ballot_sync(deepjit::kFullMask, mine > 0); groups != 0u; groups &= groups - 1u) {
+        const bool ours = mine > 0 && (CL == 1 || (g0 + WARPS * lane) % CL == rank);
+        for (unsigned groups = __ballot_sync(deepjit::kFullMask, ours); groups != 0u; groups &= groups - 1u) {
             const int i = __ffs(groups) - 1, g = g0 + WARPS * i, size = __shfl_sync(deepjit::kFullMask, mine, i);
             settle_group(g, size, gslot, sup_in, info_in, start, kept32, total);
         }
@@ -414,15 +430,23 @@ __device__ __forceinline__ void finish_rows(int tid, int b, int kept, int* num_d
 // boxes nor score bucket above BCAP: the usual frame): after the same counting pass, three block steps
 // (rows, settle, output) instead of eight, ~1 µs less at batch 1 on the H200 (bench/RESULTS.md,
 // 2026-12-03 session 11).
-template <int MAX_DET, bool AGNOSTIC>
+// With CL > 1 the calling block is block `rank` of image b's cluster of CL (see CLUSTERS above): the slot
+// path's rows and settle take its share of the class groups, 1.2 µs less at batch 1 with 4 on the H200
+// (bench/RESULTS.md, 2026-12-03 session 17).
+template <int MAX_DET, bool AGNOSTIC, int CL = 1>
 __device__ __forceinline__ void nms_image(
     int b, int images, int* cand_count, const float* cand_boxes, const float* cand_scores, const int* cand_classes,
     const int* cand_index, int K, unsigned char* workspace, int ws_stride,
-    int* num_dets, float* boxes, float* scores, int* classes)
+    int* num_dets, float* boxes, float* scores, int* classes, int rank = 0)
 {
-    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 24 + WORDS * 8 + 24 };
+    enum : int { STATIC_BYTES = SORT_CAP * 12 + MAX_DET * 20 + NB * 24 + WORDS * 8 + 24 +
+                                (CL > 1 ? CL * (SLOT_WORDS + 1) * 4 + 16 : 0) };
     static_assert(STATIC_BYTES <= 48 * 1024,
                   "nms: sort_capacity * 12 + max_det * 20 bytes must fit in 42 KiB of static shared memory");
+    static_assert(CL == 1 || CLUSTERS, "nms: cluster above 1 needs sm_90 or newer (thread block clusters)");
+    static_assert(CL == 1 || CL == 2 || CL == 4, "nms: cluster must be 1, 2 or 4");
+    static_assert(CL == 1 || (SLOT_N > 0 && DYNAMIC_BYTES >= NB * (GCAP + BCAP) * 2 + SLOT_CAP * 4),
+                  "nms: cluster above 1 needs the slot path (chunk >= 512)");
     static_assert(STATIC_BYTES + DYNAMIC_BYTES <= deepjit::kMaxSharedOptin,
                   "nms: chunk * (chunk / 8 + 28) + sort_capacity * 12 + max_det * 20 bytes exceed the shared "
                   "memory a block may have on this target SM (deepjit::kMaxSharedOptin): lower chunk");
@@ -436,6 +460,9 @@ __device__ __forceinline__ void nms_image(
     __shared__ unsigned s_kept32[WORDS];  // chunk boxes kept, by place in score order (the slot path's too)
     __shared__ int s_valid, s_kept, s_groups;
     __shared__ int s_slot_over;  // a group or bucket of the slot path past its capacity, or a class past NB
+    __shared__ int s_own;  // a cluster's block: its own candidates
+    __shared__ unsigned s_from[CL][SLOT_WORDS + 1];  // a cluster's block: each other's kept words and count
+    __shared__ unsigned long long s_pushed;  // a cluster's block: the others' words have landed (an mbarrier)
 #ifdef DJ_NMS_PROFILE
     __shared__ unsigned long long s_prof[12];
     for (int k = threadIdx.x; k < 12; k += BLOCK) s_prof[k] = 0;
@@ -456,6 +483,10 @@ __device__ __forceinline__ void nms_image(
     for (int k = tid; k < NB; k += BLOCK) s_size[k] = s_gsize[k] = 0;
     for (int k = tid; k < WORDS; k += BLOCK) s_gone32[k] = s_kept32[k] = 0u;
     if (tid == 0) s_kept = s_slot_over = 0, s_groups = -1;  // -1: the slot path's rows did not list the groups
+    if (CL > 1) {  // the others may store into s_from once every block has arrived here (cluster_wait below)
+        if (tid == 0) s_own = 0, deepjit::mbar_expect(&s_pushed, (CL - 1) * (SLOT_WORDS + 1) * 4);
+        deepjit::cluster_arrive_relaxed();
+    }
     deepjit::wait_previous();  // launched early on sm_90+: the decode's candidates are complete from here
                                // (a no-op when not launched early)
     const int found = __ldcg(cand_count + b);  // one broadcast load; reset by thread 0 after a barrier
@@ -501,6 +532,7 @@ __device__ __forceinline__ void nms_image(
         int* f_info = f_cls + SLOT_CAP;
         unsigned short* f_gslot = reinterpret_cast<unsigned short*>(s_dynamic);
         unsigned short* f_bslot = f_gslot + NB * GCAP;
+        int* f_own = reinterpret_cast<int*>(f_bslot + NB * BCAP);  // CL > 1: this block's candidates
         if (slot_path && tid < n) {
             f_key[tid] = key;
             if (key != 0ull) {
@@ -509,23 +541,56 @@ __device__ __forceinline__ void nms_image(
                 if (at_group < GCAP) f_gslot[at_group * NB + group] = (unsigned short)tid;
                 if (at < BCAP) f_bslot[at * NB + bucket] = (unsigned short)tid;
                 if (at_group >= GCAP || at >= BCAP || (unsigned)cls >= (unsigned)NB) s_slot_over = 1;
+                if (CL > 1 && group % CL == rank) f_own[atomicAdd(&s_own, 1)] = tid;
             }
         }
         valid = __syncthreads_count(key != 0ull);  // and the bucket sizes are complete
         DJ_NMS_MARK(2);
-        if (tid == 0) cand_count[b] = 0;  // every thread has read it: the next decode appends from zero
-        if (slot_path && !s_slot_over) {
+        const bool slots = slot_path && !s_slot_over;  // the same in every block of a cluster (same counts)
+        if (CL > 1 && !slots) {  // the first block takes the other paths alone, once every block has read the count
+            deepjit::cluster_wait();
+            deepjit::cluster_arrive();
+            deepjit::cluster_wait();
+            if (rank != 0) return;
+        }
+        if (tid == 0 && (CL == 1 || !slots)) cand_count[b] = 0;  // every thread has read it: the next decode
+                                                                 // appends from zero
+        if (slots) {
             // 4 lanes a candidate where they fit beside the last warp, else 2, else 1
-            const int shift = 4 * n <= BLOCK - 32 ? 2 : 2 * n <= BLOCK - 32 ? 1 : 0;
-            slot_rows(n, shift, f_key, f_box, f_cls, f_gslot, f_bslot, s_gsize, s_size, f_sup, f_info, s_start,
-                      s_gstart, s_glist, &s_groups);
+            const int rows = CL > 1 ? s_own : n;
+            const int shift = 4 * rows <= BLOCK - 32 ? 2 : 2 * rows <= BLOCK - 32 ? 1 : 0;
+            slot_rows(rows, shift, CL > 1 ? f_own : nullptr, f_key, f_box, f_cls, f_gslot, f_bslot, s_gsize, s_size,
+                      f_sup, f_info, s_start, s_gstart, s_glist, &s_groups);
             __syncthreads();
             DJ_NMS_MARK(3);
-            slot_settle(f_gslot, s_gsize, f_sup, f_info, s_start, s_kept32, &s_kept, s_glist, s_groups);
+            slot_settle<CL>(f_gslot, s_gsize, f_sup, f_info, s_start, s_kept32, &s_kept, s_glist, s_groups, rank);
             __syncthreads();
             DJ_NMS_MARK(4);
+            // The cluster's kept bits and count: each block stores its kept words and count in the others'
+            // s_from[its rank], a lane a word, and once the others' have landed in its own, ORs them into
+            // s_kept32 and adds them to s_kept.
+            if (CL > 1) {
+                deepjit::cluster_wait();  // every block's s_pushed is set up
+                if (tid <= SLOT_WORDS) {
+                    const bool word = tid < SLOT_WORDS;
+                    unsigned all = word ? s_kept32[tid] : (unsigned)s_kept;
+#pragma unroll
+                    for (int r = 1; r < CL; ++r)
+                        deepjit::store_rank(&s_from[rank][tid], (rank + r) % CL, all, &s_pushed);
+                    deepjit::mbar_wait(&s_pushed);  // and every block has read cand_count, before its stores
+#pragma unroll
+                    for (int r = 0; r < CL; ++r) {
+                        if (r != rank) all = word ? all | s_from[r][tid] : all + s_from[r][tid];
+                    }
+                    if (word) s_kept32[tid] = all;
+                    else s_kept = (int)all;
+                }
+                __syncthreads();
+                DJ_NMS_MARK(6);
+                if (tid == 0 && rank == 0) cand_count[b] = 0;
+            }
             // The kept boxes in score order, up to max_det: a box's row is the kept boxes before its place.
-            if (key != 0ull) {
+            if (key != 0ull && (CL == 1 || group % CL == rank)) {
                 const int r = s_start[bucket] + ((f_info[tid] >> 8) & 0xff);
                 int before = __popc(s_kept32[r >> 5] & ((1u << (r & 31)) - 1u));
 #pragma unroll
@@ -538,14 +603,16 @@ __device__ __forceinline__ void nms_image(
                 }
             }
             const int kept = min(s_kept, MAX_DET);
-            finish_rows<MAX_DET>(tid, b, kept, num_dets, out_box4, scores, classes);
+            if (CL == 1 || rank == 0) finish_rows<MAX_DET>(tid, b, kept, num_dets, out_box4, scores, classes);
 #ifdef DJ_NMS_PROFILE
             __syncthreads();
             DJ_NMS_MARK(5);
-            if (tid == 0 && b == 0 && atomicAdd(&dj_nms_profile_launches, 1u) % 64u == 63u) {
-                printf("nms slot profile: candidates %d kept %d | wait+count %lld  slots %lld  rows %lld  settle %lld  "
-                       "out %lld | total %lld cycles\n", n, kept, s_prof[1] - s_prof[0], s_prof[2] - s_prof[1],
-                       s_prof[3] - s_prof[2], s_prof[4] - s_prof[3], s_prof[5] - s_prof[4], s_prof[5] - s_prof[0]);
+            if (tid == 0 && b == 0 && rank == 0 && atomicAdd(&dj_nms_profile_launches, 1u) % 64u == 63u) {
+                printf("nms slot profile: candidates %d (%d own) kept %d | wait+count %lld  slots %lld  rows %lld  "
+                       "settle %lld  cluster %lld  out %lld | total %lld cycles\n", n, CL > 1 ? s_own : n, kept,
+                       s_prof[1] - s_prof[0], s_prof[2] - s_prof[1], s_prof[3] - s_prof[2], s_prof[4] - s_prof[3],
+                       CL > 1 ? s_prof[6] - s_prof[4] : 0ll, s_prof[5] - (CL > 1 ? s_prof[6] : s_prof[4]),
+                       s_prof[5] - s_prof[0]);
             }
 #endif
             return;
@@ -591,6 +658,12 @@ __device__ __forceinline__ void nms_image(
             slots = reinterpret_cast<int*>(workspace + (size_t)images * ws_stride * sizeof(u64)) + (size_t)b * ws_stride;
         }
         __syncthreads();
+        if (CL > 1) {  // the first block alone, once every block has read the count
+            deepjit::cluster_wait();
+            deepjit::cluster_arrive();
+            deepjit::cluster_wait();
+            if (rank != 0) return;
+        }
         if (tid == 0) cand_count[b] = 0;
         for (int i = tid; i < n2; i += BLOCK) {
             u64 key = 0;  // padding and scores <= conf_threshold sort last and are never visited

@@ -183,6 +183,27 @@ def test_batch_thresholds_are_where_another_kernel_starts(way, thresholds):
         thresholds
 
 
+@pytest.mark.parametrize("batch, cluster", [(1, 4), (8, 4), (16, 2), (32, 2)])
+def test_nms_cluster_launches_that_many_blocks_an_image_and_large_batch_cluster_from_large_batch_on(batch, cluster):
+    c = load_contract("nms")
+    p = resolve_params(c, {"max_candidates": 640, "block": 1024, "chunk": 512, "cluster": 4,
+                           "large_batch_cluster": 2}, {})
+    shapes = {s.name: tuple({"B": batch, "K": 640}.get(d, d) for d in s.shape) for s in signature(c, p)
+              if s.role == "input"}
+    (launch,) = launches(c, p, bind_dims(c, p, shapes), {s.name: 1 for s in signature(c, p)} | {"workspace": 0})
+    assert launch.symbol == f"deepjit_nms_cluster<300, false, {cluster}>"
+    assert launch.grid == (batch * cluster, 1, 1) and launch.block == (1024, 1, 1)
+    assert entry_symbols(c, p) == (("nms", "deepjit_nms_cluster<300, false, 4>"),
+                                   ("nms (batch 16+)", "deepjit_nms_cluster<300, false, 2>"))
+    assert batch_thresholds(c, p) == (16,)
+
+
+def test_nms_cluster_1_is_the_plain_kernel():
+    c = load_contract("nms")
+    p = resolve_params(c, {"max_candidates": 640}, {})
+    assert entry_symbols(c, p) == (("nms", "deepjit_nms<300, false>"),) and batch_thresholds(c, p) == ()
+
+
 def test_from_batch_must_name_params_and_give_a_batch(tmp_path):
     c = load_contract("yolov8_decode")
     raw = yaml.safe_load(c.path.read_text())

@@ -90,6 +90,22 @@ def test_nms_chunk_must_fit_the_target_sms_shared_memory(tmp_path):
         compile_site_kernel("nms", {**nms, "chunk": 512}, sm=75, cache_dir=tmp_path)
 
 
+def test_nms_cluster_needs_sm90_and_the_slot_path(tmp_path):
+    """cluster > 1 is a thread block cluster: sm_90 and newer, and only the slot path (chunk >= 512) splits
+    its work; cluster 1 keeps the plain kernel, which needs neither."""
+    nms = {"max_candidates": 8400}
+    k = compile_site_kernel("nms", {**nms, "chunk": 512, "cluster": 4}, sm=90, cache_dir=tmp_path)
+    assert k.entries == (("nms", "deepjit_nms_cluster<300, false, 4>"),)
+    assert ".reqnctapercluster 4, 1, 1" in k.ptx and "st.async.shared::cluster" in k.ptx
+    plain = compile_site_kernel("nms", {**nms, "chunk": 256}, sm=75, cache_dir=tmp_path)
+    assert "deepjit_nms_cluster" not in plain.source.code and "cluster" not in plain.ptx
+    with pytest.raises(KernelCompileError, match=r"static assertion failed with \"nms: cluster above 1 needs sm_90"):
+        compile_site_kernel("nms", {**nms, "chunk": 256, "cluster": 2}, sm=75, cache_dir=tmp_path)
+    with pytest.raises(KernelCompileError, match=r"static assertion failed with \"nms: cluster above 1 needs the slot "
+                                                 r"path \(chunk >= 512\)\""):
+        compile_site_kernel("nms", {**nms, "chunk": 256, "cluster": 2}, sm=90, cache_dir=tmp_path)
+
+
 @pytest.mark.parametrize("pipeline", ["yolov8_t4", "yolov8_h200"])
 def test_decode_output0_twin_of_each_example_pipeline_compiles(pipeline, tmp_path):
     """The kernels level recompiles the pipeline's decode as the twin its contract declares

@@ -326,7 +326,13 @@ def postprocess_runner(gpu, decode, nms, inputs, load):
 NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 20},
              "block1024-chunk512": {"block": 1024, "chunk": 512},
              "maxdet20-chunk512": {"max_det": 20, "block": 1024, "chunk": 512},
-             "agnostic-maxdet20-chunk512": {"agnostic": True, "max_det": 20, "block": 1024, "chunk": 512}}
+             "agnostic-maxdet20-chunk512": {"agnostic": True, "max_det": 20, "block": 1024, "chunk": 512},
+             # two blocks an image on the slot path (a thread block cluster); four with max_det binding; four,
+             # then two from batch 8 (the entry's from_batch)
+             "cluster2-chunk512": {"block": 1024, "chunk": 512, "cluster": 2},
+             "cluster4-maxdet20-chunk512": {"max_det": 20, "block": 1024, "chunk": 512, "cluster": 4},
+             "cluster4-then-2-from-batch-8": {"block": 1024, "chunk": 512, "cluster": 4, "large_batch_cluster": 2,
+                                              "large_batch": 8}}
 DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
                "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4},
                "2-lanes-per-2-anchors": {"anchors_per_thread": 2, "lanes_per_anchor": 2},
@@ -338,6 +344,8 @@ DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
 def skip_if_chunk_too_big(params, target):
     if params.get("chunk", 256) > 256 and target[0] < 80:
         pytest.skip(f"nms chunk {params['chunk']} needs more shared memory than sm_{target[0]} allows a block")
+    if params.get("cluster", 1) > 1 and target[0] < 90:
+        pytest.skip(f"nms cluster {params['cluster']} needs thread block clusters (sm_90+), not sm_{target[0]}")
 
 
 @pytest.mark.parametrize("decode_way", list(DECODE_WAYS))
@@ -353,7 +361,9 @@ def test_decode_then_nms_match_reference_detections(gpu, target, cache, batch, c
     rng = np.random.default_rng([batch, len(case)])
     maps = [head_maps(rng, batch) for _ in range(3)]
     assert all(0.01 < score_fraction(m) < 0.08 for m in maps), [score_fraction(m) for m in maps]
-    semantics = {k: v for k, v in params.items() if k not in ("block", "chunk")}  # how the kernel runs, not what it computes
+    # how the kernel runs, not what it computes
+    semantics = {k: v for k, v in params.items() if k not in ("block", "chunk", "cluster", "large_batch_cluster",
+                                                              "large_batch")}
     reference = ort_runner(merged_reference(ref, nms_reference(NC, **semantics)), "onnxrt-cut-subgraph+nms-reference")
     _, ref_iters, test_iters = run_both(reference, postprocess_runner(gpu, decode, nms, inputs, target[1]),
                                         [site_feed(m, facts) for m in maps])
@@ -576,18 +586,20 @@ def check_nms_alone(gpu, kernel, x, cands, params, classes: int = NC) -> int:
     return total
 
 
-@pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
+@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2)])
 @pytest.mark.parametrize("agnostic, logit_mean, classes, what", [
     (False, -4.8, 3, "about 170 boxes in 3 classes: big class groups"),
     (False, -5.0, 2, "about 75 boxes in 2 classes: groups past 32 boxes, each box tested by pairs"),
     (False, -4.1, 1, "about 190 boxes of one class: a crowd, one group settled 32 members at a time"),
     (True, -7.3, NC, "about 14 boxes, agnostic"),
     (True, -6.4, NC, "about 140 boxes, agnostic: one group")])
-def test_nms_alone_crowded_classes_and_agnostic(gpu, target, cache, block, chunk, agnostic, logit_mean, classes, what):
+def test_nms_alone_crowded_classes_and_agnostic(gpu, target, cache, block, chunk, cluster, agnostic, logit_mean, classes,
+                                                what):
     anchors = 8400
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": agnostic}
-    skip_if_chunk_too_big({"chunk": chunk}, target)
-    nms = build("nms", {**params, "max_candidates": anchors, "block": block, "chunk": chunk}, {}, target, cache)
+    skip_if_chunk_too_big({"chunk": chunk, "cluster": cluster}, target)
+    way = {"block": block, "chunk": chunk, "cluster": cluster}
+    nms = build("nms", {**params, "max_candidates": anchors, **way}, {}, target, cache)
     rng = np.random.default_rng([block, classes, int(-logit_mean * 10)])
     x = detections(rng, 4, anchors, logit_mean, classes)
     cands = candidates_from_output0(x, params["conf_threshold"], anchors)
@@ -647,20 +659,21 @@ def threshold_pairs(rng, cells: int, t: np.float32) -> tuple[np.ndarray, list[st
     return x, kinds
 
 
-@pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
+@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2)])
 @pytest.mark.parametrize("classes", ["one", "a class a pair"])
-def test_nms_alone_iou_at_the_threshold(gpu, target, cache, block, chunk, classes):
+def test_nms_alone_iou_at_the_threshold(gpu, target, cache, block, chunk, cluster, classes):
     """Pairs whose IoU rounds to the threshold's neighbours, to it from above or below, and past it
     (the NMS's test decides most pairs without the division: deepjit::iou_above, docs/design.md). One class: a row per
     box (mask_groups); a class a pair: a thread per pair (mask_pairs)."""
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
-    skip_if_chunk_too_big({"chunk": chunk}, target)
+    skip_if_chunk_too_big({"chunk": chunk, "cluster": cluster}, target)
     cells = 48
     x, kinds = threshold_pairs(np.random.default_rng([block, len(classes)]), cells, np.float32(0.45))
     if classes == "one":
         x[:, 4] = x[:, 4:].max(axis=1)
         x[:, 5:] = 0
-    nms = build("nms", {**params, "max_candidates": 2 * cells, "block": block, "chunk": chunk}, {}, target, cache)
+    way = {"block": block, "chunk": chunk, "cluster": cluster}
+    nms = build("nms", {**params, "max_candidates": 2 * cells, **way}, {}, target, cache)
     cands = candidates_from_output0(x, params["conf_threshold"], 2 * cells)
     assert cands["cand_count"][0] == 2 * cells
     suppressed = sum(kind == THRESHOLD_KINDS[3] for kind in kinds)  # only a quotient above t suppresses
@@ -703,7 +716,7 @@ def slot_frame(rng, group: int, bucket: int, chain: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
+@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2)])
 @pytest.mark.parametrize("group, bucket, what", [
     (32, 16, "a class group of one warp's members, a score bucket at its slot capacity: the slot path "
              "(210 candidates: the rows leave the last two warps free, so the settle takes a listed group a warp)"),
@@ -711,33 +724,34 @@ def slot_frame(rng, group: int, bucket: int, chain: int) -> np.ndarray:
              "(242 candidates at 4 lanes reach the last warp but one: the settle takes the groups g % 32 a warp)"),
     (65, 16, "a class group past 64: the general path"),
     (64, 17, "a score bucket past 16: the general path")])
-def test_nms_alone_slot_path_capacities_and_chains(gpu, target, cache, block, chunk, group, bucket, what):
+def test_nms_alone_slot_path_capacities_and_chains(gpu, target, cache, block, chunk, cluster, group, bucket, what):
     """The slot path (nms_image: with chunk >= 512, up to min(chunk, block - 32) candidates, at most 64 a
     class and 16 a score bucket) at its capacities and just past them, with a chain of boxes its settle
     walks in score order; chunk 256 (no slot path) on the same frames. Either way the detections are
     ONNX Runtime's exactly."""
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
-    skip_if_chunk_too_big({"chunk": chunk}, target)
+    skip_if_chunk_too_big({"chunk": chunk, "cluster": cluster}, target)
     x = slot_frame(np.random.default_rng([block, group, bucket]), group, bucket, chain=12)
     cands = candidates_from_output0(x, params["conf_threshold"], 512)
     n = cands["cand_count"][0]
     assert n == group + bucket + 12 + 150 and n <= min(chunk, block - 32)
     assert np.bincount(cands["cand_classes"][0, :n]).max() == group
     assert np.bincount(score_buckets(cands["cand_scores"][0, :n], params["conf_threshold"])).max() == bucket
-    nms = build("nms", {**params, "max_candidates": 512, "block": block, "chunk": chunk}, {}, target, cache)
+    way = {"block": block, "chunk": chunk, "cluster": cluster}
+    nms = build("nms", {**params, "max_candidates": 512, **way}, {}, target, cache)
     kept = check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params)
     assert bucket + 6 < kept < n - group // 2  # the bucket's boxes and half the chain kept, clusters thinned
 
 
-@pytest.mark.parametrize("block, chunk", [(512, 256), (1024, 512)])
-def test_nms_alone_classes_256_apart_stay_apart(gpu, target, cache, block, chunk):
+@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2)])
+def test_nms_alone_classes_256_apart_stay_apart(gpu, target, cache, block, chunk, cluster):
     """The nms groups classes by class & 255, and the slot path's tests skip the class (a group is one
     class there): an image with a class past 255 leaves it for the general path, whose tests compare
     classes. 24 pairs of overlapping boxes (IoU ~0.8) of classes k and k + 256 all stay; 24 pairs of
     one class each lose their lower box."""
     classes = 300
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300, "agnostic": False}
-    skip_if_chunk_too_big({"chunk": chunk}, target)
+    skip_if_chunk_too_big({"chunk": chunk, "cluster": cluster}, target)
     rng = np.random.default_rng([block, 256])
     x = np.zeros((1, 4 + classes, 96), np.float32)
     for k in range(48):
@@ -745,21 +759,24 @@ def test_nms_alone_classes_256_apart_stay_apart(gpu, target, cache, block, chunk
         for j, cls in enumerate([k % 24, k % 24 + 256 if k < 24 else k % 24]):
             x[0, :4, 2 * k + j] = [cx + 3 * j, cy, w, w]
             x[0, 4 + cls, 2 * k + j] = rng.uniform(0.3, 0.95)
-    nms = build("nms", {**params, "max_candidates": 96, "block": block, "chunk": chunk}, {}, target, cache)
+    way = {"block": block, "chunk": chunk, "cluster": cluster}
+    nms = build("nms", {**params, "max_candidates": 96, **way}, {}, target, cache)
     cands = candidates_from_output0(x, params["conf_threshold"], 96)
     assert cands["cand_count"][0] == 96 and cands["cand_classes"][0].max() >= 256
     assert check_nms_alone(gpu, ContractKernel(gpu, nms, target[1]), x, cands, params, classes) == 96 - 24
 
 
-@pytest.mark.parametrize("block, chunk", [(128, 256), (512, 256), (1024, 256), (512, 512), (1024, 512), (1024, 1024)])
+@pytest.mark.parametrize("block, chunk, cluster", [(128, 256, 1), (512, 256, 1), (1024, 256, 1), (512, 512, 1),
+                                                  (1024, 512, 1), (1024, 1024, 1), (1024, 512, 2)])
 @pytest.mark.parametrize("logit_mean, what", [(-6.0, "hundreds of candidates: bucket sort, one or two chunks"),
                                               (-5.5, "about a thousand: shared-memory bitonic sort"),
                                               (-3.5, "thousands of candidates: workspace sort")])
-def test_nms_alone_on_reference_output0(gpu, target, cache, logit_mean, what, block, chunk):
+def test_nms_alone_on_reference_output0(gpu, target, cache, logit_mean, what, block, chunk, cluster):
     anchors = 8400
     params = {"conf_threshold": 0.25, "iou_threshold": 0.45, "max_det": 300}
-    skip_if_chunk_too_big({"chunk": chunk}, target)
-    nms = build("nms", {**params, "max_candidates": anchors, "block": block, "chunk": chunk}, {}, target, cache)
+    skip_if_chunk_too_big({"chunk": chunk, "cluster": cluster}, target)
+    way = {"block": block, "chunk": chunk, "cluster": cluster}
+    nms = build("nms", {**params, "max_candidates": anchors, **way}, {}, target, cache)
     kernel = ContractKernel(gpu, nms, target[1])
     rng = np.random.default_rng(int(-logit_mean * 10))
     x = detections(rng, 4, anchors, logit_mean)

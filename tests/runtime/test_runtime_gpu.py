@@ -57,9 +57,14 @@ def variant_specs(sm: int) -> dict[str, dict[str, str]]:
         "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 1.0], raw_images: [0, 255]}",
         "gpu: T4 ": f"sm: {sm} ",
     }
-    # built for this GPU with the H200 spec's decode: 4 lanes an anchor, and a 2-lane kernel from batch 4
+    # built for this GPU with the H200 spec's decode: 4 lanes an anchor, and a 2-lane kernel from batch 4; on
+    # sm_90+ its nms takes clusters of 4 blocks an image, and of 2 from batch 4
     native = {"gpu: T4 ": f"sm: {sm} ", "          anchors_per_thread: 4\n": "          anchors_per_thread: 1\n"
               "          lanes_per_anchor: 4\n          large_batch_lanes: 2\n"}
+    if sm >= 90:
+        native["          agnostic: false\n"] = ("          agnostic: false\n          block: 1024\n          chunk: 512\n"
+                                                 "          cluster: 4\n          large_batch_cluster: 2\n"
+                                                 "          large_batch: 4\n")
     return {"yolov8n_native": {**base, **native}, "yolov8n_t4": dict(base),
             "yolov8n_lb": {**base, **letterbox}}
 
