@@ -465,13 +465,13 @@ def main(argv=None) -> int:
         if decode.params.get("dtype", "float32") != dtype:
             raise SystemExit(f"{args.decode_contract} does not read {dtype} head maps (its dtype: "
                              f"{decode.params.get('dtype')}); pass --head-dtypes it reads")
-    chunk = {"chunk": args.nms_chunk} if args.nms_chunk else {}  # older contracts lack these
+    nms_way = {"chunk": args.nms_chunk} if args.nms_chunk else {}  # only what is asked: older contracts lack these
     if args.nms_cluster != 1:
-        chunk.update(cluster=args.nms_cluster)
+        nms_way.update(cluster=args.nms_cluster)
     if args.nms_large_batch_cluster:
-        chunk.update(large_batch_cluster=args.nms_large_batch_cluster, large_batch=args.nms_large_batch)
+        nms_way.update(large_batch_cluster=args.nms_large_batch_cluster, large_batch=args.nms_large_batch)
     nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
-                                                  "block": args.nms_block, **chunk}, sites[args.head_dtypes[0]].facts,
+                                                  "block": args.nms_block, **nms_way}, sites[args.head_dtypes[0]].facts,
                               sm=gpu.sm, debug=args.lineinfo)
     fused = {}
     if args.fused:  # the decode's own way of reading (anchors, lanes) with the NMS block

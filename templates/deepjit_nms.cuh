@@ -373,6 +373,18 @@ __device__ __forceinline__ void slot_settle(const unsigned short* gslot, const i
     }
 }
 
+// Whether the calling block goes on with a path that a cluster's first block takes alone (all but the slot
+// path): every block first waits for the others (the arrive nms_image makes at its start), then arrives and
+// waits once more, so the first block resets cand_count only after every block has read it.
+template <int CL>
+__device__ __forceinline__ bool first_goes_on(int rank) {
+    if (CL == 1) return true;
+    deepjit::cluster_wait();
+    deepjit::cluster_arrive();
+    deepjit::cluster_wait();
+    return rank == 0;
+}
+
 // Bitonic sort of n (a power of two) (key, slot) pairs into descending key order, by the block.
 // keys/slots are in shared memory, or in the global workspace when there are too many.
 __device__ void bitonic_desc(u64* keys, int* slots, int n) {
@@ -547,12 +559,7 @@ __device__ __forceinline__ void nms_image(
         valid = __syncthreads_count(key != 0ull);  // and the bucket sizes are complete
         DJ_NMS_MARK(2);
         const bool slots = slot_path && !s_slot_over;  // the same in every block of a cluster (same counts)
-        if (CL > 1 && !slots) {  // the first block takes the other paths alone, once every block has read the count
-            deepjit::cluster_wait();
-            deepjit::cluster_arrive();
-            deepjit::cluster_wait();
-            if (rank != 0) return;
-        }
+        if (!slots && !first_goes_on<CL>(rank)) return;
         if (tid == 0 && (CL == 1 || !slots)) cand_count[b] = 0;  // every thread has read it: the next decode
                                                                  // appends from zero
         if (slots) {
@@ -658,12 +665,7 @@ __device__ __forceinline__ void nms_image(
             slots = reinterpret_cast<int*>(workspace + (size_t)images * ws_stride * sizeof(u64)) + (size_t)b * ws_stride;
         }
         __syncthreads();
-        if (CL > 1) {  // the first block alone, once every block has read the count
-            deepjit::cluster_wait();
-            deepjit::cluster_arrive();
-            deepjit::cluster_wait();
-            if (rank != 0) return;
-        }
+        if (!first_goes_on<CL>(rank)) return;
         if (tid == 0) cand_count[b] = 0;
         for (int i = tid; i < n2; i += BLOCK) {
             u64 key = 0;  // padding and scores <= conf_threshold sort last and are never visited
