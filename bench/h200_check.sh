@@ -47,7 +47,7 @@ for part in "${parts[@]}"; do
     echo "== gpu tests" && python3 -m pytest -m gpu -q -ra -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -40 ;;
   postprocess)
     echo "== bench/postprocess.py" && python3 bench/postprocess.py --batches 1 8 32 --iters 200 --lanes-per-anchor 4 \
-      --large-batch-lanes 2 --anchors-per-thread 1 --nms-block 1024 --nms-chunk 512 --nms-cluster 4 \
+      --large-batch-lanes 2 --anchors-per-thread 1 --nms-block 512 --nms-chunk 512 --nms-cluster 8 \
       --nms-large-batch-cluster 2 --fused --fused-block 1024 --fused-chunk 512 --json "$OUT/postprocess.json" 2>&1 \
       | tee "$OUT/postprocess.txt" ;;
   t4)

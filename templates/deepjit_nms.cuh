@@ -456,7 +456,7 @@ __device__ __forceinline__ void nms_image(
     static_assert(STATIC_BYTES <= 48 * 1024,
                   "nms: sort_capacity * 12 + max_det * 20 bytes must fit in 42 KiB of static shared memory");
     static_assert(CL == 1 || CLUSTERS, "nms: cluster above 1 needs sm_90 or newer (thread block clusters)");
-    static_assert(CL == 1 || CL == 2 || CL == 4, "nms: cluster must be 1, 2 or 4");
+    static_assert(CL == 1 || CL == 2 || CL == 4 || CL == 8, "nms: cluster must be 1, 2, 4 or 8");
     static_assert(CL == 1 || (SLOT_N > 0 && DYNAMIC_BYTES >= NB * (GCAP + BCAP) * 2 + SLOT_CAP * 4),
                   "nms: cluster above 1 needs the slot path (chunk >= 512)");
     static_assert(STATIC_BYTES + DYNAMIC_BYTES <= deepjit::kMaxSharedOptin,

@@ -97,6 +97,10 @@ def test_nms_cluster_needs_sm90_and_the_slot_path(tmp_path):
     k = compile_site_kernel("nms", {**nms, "chunk": 512, "cluster": 4}, sm=90, cache_dir=tmp_path)
     assert k.entries == (("nms", "deepjit_nms_cluster<300, false, 4>"),)
     assert ".reqnctapercluster 4, 1, 1" in k.ptx and "st.async.shared::cluster" in k.ptx
+    eight = compile_site_kernel("nms", {**nms, "block": 512, "chunk": 512, "cluster": 8}, sm=90, cache_dir=tmp_path)
+    assert ".reqnctapercluster 8, 1, 1" in eight.ptx  # the most a portable cluster has
+    with pytest.raises(KernelError, match=r"param .cluster. must be one of \[1, 2, 4, 8\], got 16"):
+        compile_site_kernel("nms", {**nms, "chunk": 512, "cluster": 16}, sm=90, cache_dir=tmp_path)
     plain = compile_site_kernel("nms", {**nms, "chunk": 256}, sm=75, cache_dir=tmp_path)
     assert "deepjit_nms_cluster" not in plain.source.code and "cluster" not in plain.ptx
     with pytest.raises(KernelCompileError, match=r"static assertion failed with \"nms: cluster above 1 needs sm_90"):

@@ -332,7 +332,9 @@ NMS_CASES = {"default": {}, "agnostic-maxdet20": {"agnostic": True, "max_det": 2
              "cluster2-chunk512": {"block": 1024, "chunk": 512, "cluster": 2},
              "cluster4-maxdet20-chunk512": {"max_det": 20, "block": 1024, "chunk": 512, "cluster": 4},
              "cluster4-then-2-from-batch-8": {"block": 1024, "chunk": 512, "cluster": 4, "large_batch_cluster": 2,
-                                              "large_batch": 8}}
+                                              "large_batch": 8},
+             # eight blocks of 512 an image (the H200 spec's): an image past 480 candidates takes the general path
+             "cluster8-block512-chunk512": {"block": 512, "chunk": 512, "cluster": 8}}
 DECODE_WAYS = {"4-anchors-per-thread": {"anchors_per_thread": 4},
                "4-lanes-per-anchor": {"anchors_per_thread": 1, "lanes_per_anchor": 4},
                "2-lanes-per-2-anchors": {"anchors_per_thread": 2, "lanes_per_anchor": 2},
@@ -586,7 +588,8 @@ def check_nms_alone(gpu, kernel, x, cands, params, classes: int = NC) -> int:
     return total
 
 
-@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2)])
+@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2),
+                                                 (512, 512, 8)])
 @pytest.mark.parametrize("agnostic, logit_mean, classes, what", [
     (False, -4.8, 3, "about 170 boxes in 3 classes: big class groups"),
     (False, -5.0, 2, "about 75 boxes in 2 classes: groups past 32 boxes, each box tested by pairs"),
@@ -659,7 +662,8 @@ def threshold_pairs(rng, cells: int, t: np.float32) -> tuple[np.ndarray, list[st
     return x, kinds
 
 
-@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2)])
+@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2),
+                                                 (512, 512, 8)])
 @pytest.mark.parametrize("classes", ["one", "a class a pair"])
 def test_nms_alone_iou_at_the_threshold(gpu, target, cache, block, chunk, cluster, classes):
     """Pairs whose IoU rounds to the threshold's neighbours, to it from above or below, and past it
@@ -716,7 +720,8 @@ def slot_frame(rng, group: int, bucket: int, chain: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2)])
+@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2),
+                                                 (512, 512, 8)])
 @pytest.mark.parametrize("group, bucket, what", [
     (32, 16, "a class group of one warp's members, a score bucket at its slot capacity: the slot path "
              "(210 candidates: the rows leave the last two warps free, so the settle takes a listed group a warp)"),
@@ -743,7 +748,8 @@ def test_nms_alone_slot_path_capacities_and_chains(gpu, target, cache, block, ch
     assert bucket + 6 < kept < n - group // 2  # the bucket's boxes and half the chain kept, clusters thinned
 
 
-@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2)])
+@pytest.mark.parametrize("block, chunk, cluster", [(512, 256, 1), (1024, 512, 1), (1024, 512, 2),
+                                                 (512, 512, 8)])
 def test_nms_alone_classes_256_apart_stay_apart(gpu, target, cache, block, chunk, cluster):
     """The nms groups classes by class & 255, and the slot path's tests skip the class (a group is one
     class there): an image with a class past 255 leaves it for the general path, whose tests compare
