@@ -7,7 +7,7 @@
 Each variant is NAME=CONTRACT[:param=int,...] (a contract YAML path, with its template and headers
 beside it, or a name in kernels/), in mode candidates with anchors_per_thread 1 unless given. All run
 interleaved, two rounds, on fp16 head maps of bench/postprocess.py (four sets per batch, cycled), each
-followed by the H200 spec's nms (block 1024, chunk 512); printed: the decode alone (graph + memset)
+followed by the same nms (block 1024, chunk 512 unless --nms gives others); printed: the decode alone (graph + memset)
 and decode + nms (graph replay), median µs per round, and whether the detections per image are the
 first variant's. With --launches N, each variant's decode + nms chains are only launched N times at the
 first batch, untimed, for a profiler: `ncu --kernel-name regex:decode --launch-skip 4 --launch-count 1
@@ -40,12 +40,20 @@ from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 
 
+def nms_params(extra: str) -> dict:
+    """The nms after every variant: block 1024, chunk 512, cluster 1, with `extra` (param=int,...) over them."""
+    return variant("nms=nms:" + extra, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
+                                        "block": 1024, "chunk": 512})[2]
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("variants", nargs="+", metavar="NAME=CONTRACT[:param=int,...]")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--object-classes", type=object_classes, default=NC)
     ap.add_argument("--launches", type=int, help="only launch each variant N times at the first batch (for ncu)")
+    ap.add_argument("--nms", default="", metavar="param=int,...",
+                    help="the nms's params over block 1024, chunk 512 (the H200 spec's: block=512,cluster=8)")
     args = ap.parse_args(argv)
     import torch  # bench_deepjit holds the stream with torch's sleep kernel while it queues
 
@@ -54,8 +62,7 @@ def main(argv: list[str]) -> int:
     decoders = {name: compile_site_kernel(ref, params, site.facts, sm=gpu.sm, spec_dir=".")
                 for name, ref, params in (variant(a, {"mode": "candidates", "conf_threshold": CONF,
                                                       "anchors_per_thread": 1}) for a in args.variants)}
-    nms = compile_site_kernel("nms", {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET, "block": 1024,
-                                      "chunk": 512}, site.facts, sm=gpu.sm)
+    nms = compile_site_kernel("nms", nms_params(args.nms), site.facts, sm=gpu.sm)
     def fp16_sets(batch):
         rng = np.random.default_rng(batch)
         return [typed_maps(head_maps(rng, batch, args.object_classes), "float16") for _ in range(4)]
