@@ -22,11 +22,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nms_variants import variant  # noqa: E402
+from nms_variants import NMS_PARAMS, variant  # noqa: E402
 from postprocess import (  # noqa: E402
     CONF,
-    IOU,
-    MAX_DET,
     NC,
     bench_deepjit,
     chains,
@@ -42,8 +40,7 @@ from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 
 def nms_params(extra: str) -> dict:
     """The nms after every variant: block 1024, chunk 512, cluster 1, with `extra` (param=int,...) over them."""
-    return variant("nms=nms:" + extra, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
-                                        "block": 1024, "chunk": 512})[2]
+    return variant("nms=nms:" + extra, {**NMS_PARAMS, "chunk": 512})[2]
 
 
 def main(argv: list[str]) -> int:
