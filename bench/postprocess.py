@@ -173,7 +173,8 @@ def bench_chains(gpu, torch, posts, iters: int, prefix: str) -> dict[str, dict]:
 def bench_deepjit(gpu, decode, nms, site, inputs_sets, iters: int, torch) -> dict[str, dict]:
     posts = chains(gpu, [decode, nms], site, inputs_sets)
     out = bench_chains(gpu, torch, posts, iters, "deepjit")
-    dets = posts[0].results()["num_dets"].tolist()
+    first = posts[0].results()
+    dets = first["num_dets"].tolist()
 
     # Breakdown: the decode alone (its counters zeroed by a memset node each replay), and the nms
     # alone on the candidates one decode left (their count restored by a copy node each replay).
@@ -198,6 +199,7 @@ def bench_deepjit(gpu, decode, nms, site, inputs_sets, iters: int, torch) -> dic
         out[mode] = {"gpu_us": stats(queued_gpu_us(gpu, torch, lambda k, gs=gs: gs[k % ROTATE].replay(), iters)),
                      "wall_us": None, "kernels": 1}
     out["_dets"] = dets
+    out["_out"] = first
     return out
 
 
@@ -205,8 +207,14 @@ def bench_fused(gpu, fused, site, inputs_sets, iters: int, torch) -> dict[str, d
     """yolov8_decode mode nms alone: one launch per inference, plain and replayed from a graph."""
     posts = chains(gpu, [fused], site, inputs_sets)
     out = bench_chains(gpu, torch, posts, iters, "deepjit-fused")
-    out["_dets"] = posts[0].results(["num_dets"])["num_dets"].tolist()
+    out["_out"] = posts[0].results(["num_dets", "boxes", "scores", "classes"])
+    out["_dets"] = out["_out"]["num_dets"].tolist()
     return out
+
+
+def same_detections(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    """Bit-identical outputs: counts, and every row (zero past the count in both)."""
+    return all(np.array_equal(a[k], b[k]) for k in ("num_dets", "boxes", "scores", "classes"))
 
 
 # --- PyTorch eager, as ultralytics runs it ----------------------------------------------------------
@@ -488,10 +496,11 @@ def main(argv=None) -> int:
             typed = [typed_maps(m, dtype) for m in sets]
             ours = bench_deepjit(gpu, decode, nms, sites[dtype], typed, args.iters, torch)
             print(f"batch {batch}, {dtype} head maps: detections per image deepjit {ours.pop('_dets')[:4]}", flush=True)
+            two = ours.pop("_out")
             if dtype in fused:
                 one = bench_fused(gpu, fused[dtype], sites[dtype], typed, args.iters, torch)
-                print(f"batch {batch}, {dtype} head maps: detections per image deepjit fused {one.pop('_dets')[:4]}",
-                      flush=True)
+                print(f"batch {batch}, {dtype} head maps: detections per image deepjit fused {one.pop('_dets')[:4]}, "
+                      f"identical to the two kernels': {same_detections(one.pop('_out'), two)}", flush=True)
                 ours = {**ours, **one}
             for name, r in ours.items():
                 rows.append((f"{name} {dtype}", batch, r))

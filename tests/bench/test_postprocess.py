@@ -87,3 +87,19 @@ def test_object_classes_outside_the_maps_classes_is_refused():
     r = subprocess.run([sys.executable, str(REPO / "bench" / "postprocess.py"), "--estimate-only",
                         "--object-classes", "81"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--object-classes: '81'" in r.stderr and "1 to 80" in r.stderr, r.stderr
+
+
+def test_the_fused_kernel_is_checked_bit_for_bit_against_the_two_kernels():
+    """--fused prints whether its detections are the two kernels' exactly: counts, boxes, scores, classes."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from postprocess import same_detections
+
+    rng = np.random.default_rng(3)
+    two = {"num_dets": np.array([5, 2], np.int32), "boxes": rng.uniform(0, 640, (2, 300, 4)).astype(np.float32),
+           "scores": rng.uniform(0.25, 1, (2, 300)).astype(np.float32),
+           "classes": rng.integers(0, 80, (2, 300)).astype(np.int32)}
+    assert same_detections({k: v.copy() for k, v in two.items()}, two)
+    for name, at in (("scores", (1, 0)), ("boxes", (0, 4, 2)), ("classes", (1, 1)), ("num_dets", (0,))):
+        other = {k: v.copy() for k, v in two.items()}
+        other[name][at] = np.nextafter(other[name][at], np.float32(np.inf)) if other[name].dtype == np.float32 else other[name][at] + 1
+        assert not same_detections(other, two), name
