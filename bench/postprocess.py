@@ -55,6 +55,7 @@ from deepjit_compiler.runtime.launch import KernelChain  # noqa: E402
 from deepjit_compiler.runtime.layout import site_aliases  # noqa: E402
 from deepjit_compiler.spec.load import load_spec  # noqa: E402
 from deepjit_compiler.surgery.cut import plan_from_model  # noqa: E402
+from deepjit_compiler.surgery.references import NMS_OUTPUTS  # noqa: E402
 
 NC, REG, STRIDES, SIZE = 80, 16, (8, 16, 32), 640
 CONF, IOU, MAX_DET = 0.25, 0.45, 300
@@ -207,14 +208,14 @@ def bench_fused(gpu, fused, site, inputs_sets, iters: int, torch) -> dict[str, d
     """yolov8_decode mode nms alone: one launch per inference, plain and replayed from a graph."""
     posts = chains(gpu, [fused], site, inputs_sets)
     out = bench_chains(gpu, torch, posts, iters, "deepjit-fused")
-    out["_out"] = posts[0].results(["num_dets", "boxes", "scores", "classes"])
+    out["_out"] = posts[0].results(NMS_OUTPUTS)
     out["_dets"] = out["_out"]["num_dets"].tolist()
     return out
 
 
 def same_detections(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     """Bit-identical outputs: counts, and every row (zero past the count in both)."""
-    return all(np.array_equal(a[k], b[k]) for k in ("num_dets", "boxes", "scores", "classes"))
+    return all(np.array_equal(a[k], b[k]) for k in NMS_OUTPUTS)
 
 
 # --- PyTorch eager, as ultralytics runs it ----------------------------------------------------------

@@ -101,5 +101,6 @@ def test_the_fused_kernel_is_checked_bit_for_bit_against_the_two_kernels():
     assert same_detections({k: v.copy() for k, v in two.items()}, two)
     for name, at in (("scores", (1, 0)), ("boxes", (0, 4, 2)), ("classes", (1, 1)), ("num_dets", (0,))):
         other = {k: v.copy() for k, v in two.items()}
-        other[name][at] = np.nextafter(other[name][at], np.float32(np.inf)) if other[name].dtype == np.float32 else other[name][at] + 1
+        v = other[name]
+        v[at] = np.nextafter(v[at], np.float32(np.inf)) if v.dtype == np.float32 else v[at] + 1
         assert not same_detections(other, two), name
