@@ -28,14 +28,15 @@ from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 
 
-def profiled_copy(contract: Path, folder: Path) -> Path:
-    """The contract with its template and headers in `folder`, the template defining DJ_NMS_PROFILE."""
+def defined_copy(contract: Path, folder: Path, define: str = "DJ_NMS_PROFILE") -> Path:
+    """The contract with its template and headers in `folder`, the template starting with `#define {define}`
+    (bench/nms_floors.py's copies define DJ_NMS_STOP)."""
     c = load_contract(str(contract))
     for f in [c.template_path, *c.header_paths]:
         shutil.copy(f, folder / f.name)
     tpl = folder / c.template_path.name
     head, _, rest = tpl.read_text().partition("\n")  # after its first line, a {#- -#} comment that eats whitespace
-    tpl.write_text(f"{head}\n#define DJ_NMS_PROFILE\n{rest}")
+    tpl.write_text(f"{head}\n#define {define}\n{rest}")
     shutil.copy(contract, folder / contract.name)
     return folder / contract.name
 
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
     decode = compile_site_kernel("yolov8_decode", {"mode": "candidates", "conf_threshold": CONF,
                                                    "anchors_per_thread": 1, "lanes_per_anchor": 4}, site.facts, sm=gpu.sm)
     with tempfile.TemporaryDirectory() as tmp:
-        ref = profiled_copy(args.contract, Path(tmp))
+        ref = defined_copy(args.contract, Path(tmp))
         cluster = {"cluster": args.cluster} if args.cluster != 1 else {}  # older contracts lack it
         nms = compile_site_kernel(str(ref), {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
                                              "block": args.block, "chunk": args.chunk, **cluster}, site.facts,

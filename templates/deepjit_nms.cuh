@@ -64,6 +64,24 @@ __device__ unsigned dj_nms_profile_launches;
 #define DJ_NMS_MARK(k) do {} while (0)
 #endif
 
+// bench/nms_floors.py compiles copies with DJ_NMS_STOP defined to 0..3: on the usual frame the block then
+// leaves at that point, rank 0 resetting cand_count and writing num_dets, so that the graph time of the
+// decode + each copy splits the pair's. 0: right after the decode's wait; 1: the same after the cluster's
+// barrier (first_goes_on); 2: after the candidates' loads (`odd` keeps them: it is never true on real
+// candidates); 3: after the counting pass. Without it, nothing.
+#ifdef DJ_NMS_STOP
+#pragma nv_diag_suppress 128  // the code past the stop is unreachable: that is the point
+#define DJ_NMS_STOP_AT(k, dets, sync, odd)                                   \
+    if constexpr (DJ_NMS_STOP == (k)) {                                      \
+        if (odd) num_dets[b] = -2;                                           \
+        if ((sync) && !first_goes_on<CL>(rank)) return;                      \
+        if (tid == 0 && rank == 0) cand_count[b] = 0, num_dets[b] = (dets);  \
+        return;                                                              \
+    }
+#else
+#define DJ_NMS_STOP_AT(k, dets, sync, odd)
+#endif
+
 // Positive floats order like their bits; the inverted anchor index breaks ties toward the lower
 // anchor. Keys are unique (anchors are), so the order is deterministic.
 __device__ __forceinline__ u64 sort_key(float score, int anchor) {
@@ -492,6 +510,10 @@ __device__ __forceinline__ void nms_image(
     const size_t base = (size_t)b * K;
     const float4* cand_box4 = reinterpret_cast<const float4*>(cand_boxes);
     float4* out_box4 = reinterpret_cast<float4*>(boxes);
+#ifdef DJ_NMS_STOP
+    if constexpr (DJ_NMS_STOP == 0) deepjit::wait_previous();  // before the cluster's first arrive
+#endif
+    DJ_NMS_STOP_AT(0, 0, false, false)
     for (int k = tid; k < NB; k += BLOCK) s_size[k] = s_gsize[k] = 0;
     for (int k = tid; k < WORDS; k += BLOCK) s_gone32[k] = s_kept32[k] = 0u;
     if (tid == 0) s_kept = s_slot_over = 0, s_groups = -1;  // -1: the slot path's rows did not list the groups
@@ -501,6 +523,7 @@ __device__ __forceinline__ void nms_image(
     }
     deepjit::wait_previous();  // launched early on sm_90+: the decode's candidates are complete from here
                                // (a no-op when not launched early)
+    DJ_NMS_STOP_AT(1, 0, true, false)
     const int found = __ldcg(cand_count + b);  // one broadcast load; reset by thread 0 after a barrier
     // A thread's candidate (the rank path's), loaded with the count rather than after it: slots past the
     // count are read (in bounds) and ignored.
@@ -511,6 +534,7 @@ __device__ __forceinline__ void nms_image(
     const int cls = in_buf ? __ldcg(cand_classes + base + tid) : 0;
     __syncthreads();  // zeroed before the counting atomics below, while the loads are in flight
     const int n = found < K ? found : K;
+    DJ_NMS_STOP_AT(2, n, true, score == -1.0f || anchor == -1 || box.x == -12345.0f || cls == -1)
     DJ_NMS_MARK(1);
     const bool by_rank = n <= BLOCK && 2 * n <= SORT_CAP;
     const bool grouped = by_rank && n <= CHUNK;  // one chunk, grouped by class during the sort
@@ -558,6 +582,7 @@ __device__ __forceinline__ void nms_image(
         }
         valid = __syncthreads_count(key != 0ull);  // and the bucket sizes are complete
         DJ_NMS_MARK(2);
+        DJ_NMS_STOP_AT(3, valid, true, false)
         const bool slots = slot_path && !s_slot_over;  // the same in every block of a cluster (same counts)
         if (!slots && !first_goes_on<CL>(rank)) return;
         if (tid == 0 && (CL == 1 || !slots)) cand_count[b] = 0;  // every thread has read it: the next decode

@@ -10,13 +10,13 @@ from conftest import REPO
 from deepjit_compiler.jit.nvrtc import compile_site_kernel
 
 sys.path.insert(0, str(REPO / "bench"))
-from nms_profile import profiled_copy  # noqa: E402
+from nms_profile import defined_copy  # noqa: E402
 
 
 @pytest.mark.parametrize("sm, block, chunk", [(75, 512, 256), (90, 1024, 512)])
 def test_the_profiled_nms_compiles_with_its_marks(tmp_path, sm, block, chunk):
     template = (REPO / "templates" / "nms.cu.j2").read_text()
-    ref = profiled_copy(REPO / "kernels" / "nms.yaml", tmp_path)
+    ref = defined_copy(REPO / "kernels" / "nms.yaml", tmp_path)
     params = {"max_candidates": 8400, "block": block, "chunk": chunk}
     profiled = compile_site_kernel(str(ref), params, sm=sm, spec_dir=tmp_path, cache_dir=tmp_path / "cache")
     plain = compile_site_kernel("nms", params, sm=sm, cache_dir=tmp_path / "cache")
