@@ -37,6 +37,9 @@ from postprocess import (  # noqa: E402
 from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 
+# every decode variant's params under its own
+DECODE_PARAMS = {"mode": "candidates", "conf_threshold": CONF, "anchors_per_thread": 1}
+
 
 def nms_params(extra: str) -> dict:
     """The nms after every variant: block 1024, chunk 512, cluster 1, with `extra` (param=int,...) over them."""
@@ -57,8 +60,7 @@ def main(argv: list[str]) -> int:
     gpu = gpu_mod.Gpu()
     site = decode_site("fp16")
     decoders = {name: compile_site_kernel(ref, params, site.facts, sm=gpu.sm, spec_dir=".")
-                for name, ref, params in (variant(a, {"mode": "candidates", "conf_threshold": CONF,
-                                                      "anchors_per_thread": 1}) for a in args.variants)}
+                for name, ref, params in (variant(a, DECODE_PARAMS) for a in args.variants)}
     nms = compile_site_kernel("nms", nms_params(args.nms), site.facts, sm=gpu.sm)
     def fp16_sets(batch):
         rng = np.random.default_rng(batch)

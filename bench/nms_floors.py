@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_variants import nms_params  # noqa: E402
+from decode_variants import DECODE_PARAMS, nms_params  # noqa: E402
 from nms_profile import defined_copy  # noqa: E402
 from nms_variants import variant  # noqa: E402
-from postprocess import CONF, NC, REPO, bench_deepjit, decode_site, head_maps, object_classes, typed_maps  # noqa: E402
+from postprocess import NC, REPO, bench_deepjit, decode_site, head_maps, object_classes, typed_maps  # noqa: E402
 
 from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
@@ -32,13 +32,12 @@ from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 # (DJ_NMS_STOP, what the copy does past the one before it); None: the contract itself
 STEPS = ((0, "decode + the nms's wait"), (1, "+ the cluster's barrier"), (2, "+ the candidates' loads"),
          (3, "+ the counting pass"), (None, "+ rows, settle, exchange, output (the whole nms)"))
+SPEC_NMS = "block=512,cluster=8"  # the H200 spec's nms, over nms_params' block 1024, chunk 512
 
 
 def decode_params(extra: str) -> dict:
     """The decode's params: mode candidates, 1 anchor a thread, the H200 spec's lanes, `extra` over them."""
-    return variant("decode=yolov8_decode:" + extra, {"mode": "candidates", "conf_threshold": CONF,
-                                                     "anchors_per_thread": 1, "lanes_per_anchor": 4,
-                                                     "large_batch_lanes": 2})[2]
+    return variant("decode=yolov8_decode:" + extra, {**DECODE_PARAMS, "lanes_per_anchor": 4, "large_batch_lanes": 2})[2]
 
 
 def stop_copies(folder: Path) -> dict:
@@ -58,7 +57,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--decode", default="", metavar="param=int,...", help="over lanes_per_anchor=4,large_batch_lanes=2")
-    ap.add_argument("--nms", default="block=512,cluster=8", metavar="param=int,...",
+    ap.add_argument("--nms", default=SPEC_NMS, metavar="param=int,...",
                     help="over block 1024, chunk 512 (default: the H200 spec's)")
     ap.add_argument("--object-classes", type=object_classes, default=NC)
     args = ap.parse_args(argv)

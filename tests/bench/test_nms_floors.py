@@ -6,12 +6,14 @@ from __future__ import annotations
 import sys
 
 import pytest
+import yaml
 from conftest import REPO
 
 from deepjit_compiler.jit.nvrtc import compile_site_kernel
 
 sys.path.insert(0, str(REPO / "bench"))
-from nms_floors import STEPS, decode_params, stop_copies  # noqa: E402
+from decode_variants import nms_params  # noqa: E402
+from nms_floors import SPEC_NMS, STEPS, decode_params, stop_copies  # noqa: E402
 
 
 @pytest.mark.parametrize("sm, params", [(75, {"block": 512, "chunk": 256}),
@@ -30,7 +32,11 @@ def test_each_stop_compiles_and_stops_before_the_next(tmp_path, sm, params):
         assert sizes[0] < sizes[1]  # the cluster's barrier
 
 
-def test_the_decode_is_the_h200_specs_unless_told():
-    assert {k: decode_params("")[k] for k in ("lanes_per_anchor", "large_batch_lanes", "anchors_per_thread")} == \
-        {"lanes_per_anchor": 4, "large_batch_lanes": 2, "anchors_per_thread": 1}
+def test_the_kernels_are_the_h200_specs_unless_told():
+    spec = yaml.safe_load((REPO / "pipelines" / "yolov8_h200.yaml").read_text())
+    decode = next(k["params"] for c in spec["cuts"] for k in c["kernels"] if k["contract"] == "yolov8_decode")
+    nms = next(k["params"] for c in spec["cuts"] for k in c["kernels"] if k["contract"] == "nms")
+    assert decode_params("") == decode
+    assert {k: nms_params(SPEC_NMS)[k] for k in ("block", "chunk", "cluster")} == \
+        {k: nms[k] for k in ("block", "chunk", "cluster")}
     assert decode_params("lanes_per_anchor=2")["lanes_per_anchor"] == 2
