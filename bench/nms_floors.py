@@ -1,15 +1,17 @@
-"""Where decode + nms spends its graph time (not a test): the pair against copies of the nms that stop early.
+"""Where decode + nms spends its graph time (not a test): the pair against copies of both that stop early.
 
     python3 bench/nms_floors.py [--batches 1 8 32] [--decode lanes_per_anchor=4,large_batch_lanes=2]
                                 [--nms block=512,cluster=8] [--object-classes 80]
 
-Each copy of the nms contract defines DJ_NMS_STOP (templates/deepjit_nms.cuh): on the usual frame its
-blocks leave right after the decode's wait (0), after the cluster's barrier too (1), after the candidates'
-loads (2) or after the counting pass (3). Decode + each copy, and the whole pair, run interleaved, three
-rounds, on fp16 head maps of bench/postprocess.py (four sets a batch, cycled), with the H200 spec's kernels
-unless --decode / --nms say otherwise (their params over decode_variants.py's and its nms's defaults).
-Printed: graph replay, median µs a round, and each step's share (the median against the step before): what
-the nms's work costs on top of a decode whose nms does nothing.
+Copies of the decode define DJ_DECODE_STOP (templates/yolov8_decode.cu.j2): its blocks leave right after
+letting the nms launch (0) or after the class pass, before any candidate (1). Copies of the nms define
+DJ_NMS_STOP (templates/deepjit_nms.cuh): on the usual frame its blocks leave right after the decode's wait
+(0), after the cluster's barrier too (1), after the candidates' loads (2) or after the counting pass (3).
+Each step's pair, the first three with the nms that leaves after its wait, runs interleaved with the
+others, three rounds, on fp16 head maps of bench/postprocess.py (four sets a batch, cycled), with the H200
+spec's kernels unless --decode / --nms say otherwise (their params over decode_variants.py's and its nms's
+defaults). Printed: graph replay, median µs a round, and each step's share (the median against the step
+before): from two launches that do nothing to the whole pair.
 """
 from __future__ import annotations
 
@@ -29,9 +31,12 @@ from postprocess import NC, REPO, bench_deepjit, decode_site, head_maps, object_
 from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
 from deepjit_compiler.runtime import gpu as gpu_mod  # noqa: E402
 
-# (DJ_NMS_STOP, what the copy does past the one before it); None: the contract itself
-STEPS = ((0, "decode + the nms's wait"), (1, "+ the cluster's barrier"), (2, "+ the candidates' loads"),
-         (3, "+ the counting pass"), (None, "+ rows, settle, exchange, output (the whole nms)"))
+# ((DJ_DECODE_STOP, DJ_NMS_STOP), what the pair does past the one before it); None: the contract itself
+STEPS = (((0, 0), "two launches: the decode leaves, the nms waits"), ((1, 0), "+ the decode's class pass"),
+         ((None, 0), "+ the decode's candidates"), ((None, 1), "+ the nms's cluster barrier"),
+         ((None, 2), "+ the candidates' loads"), ((None, 3), "+ the counting pass"),
+         ((None, None), "+ rows, settle, exchange, output (the whole nms)"))
+DECODE_STOPS, NMS_STOPS = (tuple(dict.fromkeys(pair[k] for pair, _ in STEPS)) for k in (0, 1))  # in step order
 SPEC_NMS = "block=512,cluster=8"  # the H200 spec's nms, over nms_params' block 1024, chunk 512
 
 
@@ -40,16 +45,17 @@ def decode_params(extra: str) -> dict:
     return variant("decode=yolov8_decode:" + extra, {**DECODE_PARAMS, "lanes_per_anchor": 4, "large_batch_lanes": 2})[2]
 
 
-def stop_copies(folder: Path) -> dict:
-    """Contract paths by step: a copy of kernels/nms.yaml defining DJ_NMS_STOP per early stop, the contract
-    itself for the whole nms."""
+def stop_copies(folder: Path, contract: str, define: str, stops) -> dict:
+    """Contract paths by stop: for each of `stops` but None, a copy of kernels/{contract}.yaml defining
+    `define` as that stop; for None, the contract itself (the whole kernel)."""
     out = {}
-    for stop, _ in STEPS:
+    for stop in stops:
         if stop is None:
-            out[stop] = "nms"
+            out[stop] = contract
         else:
-            (folder / f"stop{stop}").mkdir()
-            out[stop] = str(defined_copy(REPO / "kernels" / "nms.yaml", folder / f"stop{stop}", f"DJ_NMS_STOP {stop}"))
+            (folder / f"{contract}{stop}").mkdir()
+            out[stop] = str(defined_copy(REPO / "kernels" / f"{contract}.yaml", folder / f"{contract}{stop}",
+                                         f"{define} {stop}"))
     return out
 
 
@@ -65,22 +71,26 @@ def main(argv: list[str]) -> int:
 
     gpu = gpu_mod.Gpu()
     site = decode_site("fp16")
-    decode = compile_site_kernel("yolov8_decode", decode_params(args.decode), site.facts, sm=gpu.sm)
     with tempfile.TemporaryDirectory() as tmp:
-        kernels = {stop: compile_site_kernel(ref, nms_params(args.nms), site.facts, sm=gpu.sm, spec_dir=tmp)
-                   for stop, ref in stop_copies(Path(tmp)).items()}
+        def kernels(contract, define, stops, params):
+            return {stop: compile_site_kernel(ref, params, site.facts, sm=gpu.sm, spec_dir=tmp)
+                    for stop, ref in stop_copies(Path(tmp), contract, define, stops).items()}
+
+        decodes = kernels("yolov8_decode", "DJ_DECODE_STOP", DECODE_STOPS, decode_params(args.decode))
+        nmses = kernels("nms", "DJ_NMS_STOP", NMS_STOPS, nms_params(args.nms))
         for batch in args.batches:  # inside: the runtime reads the contracts again
             rng = np.random.default_rng(batch)
             sets = [typed_maps(head_maps(rng, batch, args.object_classes), "float16") for _ in range(4)]
-            rounds = {stop: [] for stop in kernels}
+            rounds = {pair: [] for pair, _ in STEPS}
             for _ in range(3):
-                for stop, nms in kernels.items():
-                    rounds[stop].append(bench_deepjit(gpu, decode, nms, site, sets, 200, torch)["deepjit-graph"]["gpu_us"][0])
+                for d, n in rounds:
+                    graph = bench_deepjit(gpu, decodes[d], nmses[n], site, sets, 200, torch)["deepjit-graph"]
+                    rounds[d, n].append(graph["gpu_us"][0])
             before = None
-            for stop, what in STEPS:
-                med = float(np.median(rounds[stop]))
+            for pair, what in STEPS:
+                med = float(np.median(rounds[pair]))
                 share = "" if before is None else f"   {med - before:+5.1f}"
-                print(f"b{batch} {what:50s} graph {' '.join(f'{g:5.1f}' for g in rounds[stop])}{share}", flush=True)
+                print(f"b{batch} {what:50s} graph {' '.join(f'{g:5.1f}' for g in rounds[pair])}{share}", flush=True)
                 before = med
     return 0
 
