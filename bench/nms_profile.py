@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from postprocess import CONF, IOU, MAX_DET, NC, REPO, bench_deepjit, decode_site, head_maps, object_classes  # noqa: E402
+from decode_variants import DECODE_PARAMS  # noqa: E402
+from nms_variants import NMS_PARAMS  # noqa: E402
+from postprocess import NC, REPO, bench_deepjit, decode_site, head_maps, object_classes  # noqa: E402
 
 from deepjit_compiler.jit.contracts import load_contract  # noqa: E402
 from deepjit_compiler.jit.nvrtc import compile_site_kernel  # noqa: E402
@@ -55,14 +57,12 @@ def main(argv=None) -> int:
 
     gpu = gpu_mod.Gpu()
     site = decode_site()
-    decode = compile_site_kernel("yolov8_decode", {"mode": "candidates", "conf_threshold": CONF,
-                                                   "anchors_per_thread": 1, "lanes_per_anchor": 4}, site.facts, sm=gpu.sm)
+    decode = compile_site_kernel("yolov8_decode", {**DECODE_PARAMS, "lanes_per_anchor": 4}, site.facts, sm=gpu.sm)
     with tempfile.TemporaryDirectory() as tmp:
         ref = defined_copy(args.contract, Path(tmp))
         cluster = {"cluster": args.cluster} if args.cluster != 1 else {}  # older contracts lack it
-        nms = compile_site_kernel(str(ref), {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
-                                             "block": args.block, "chunk": args.chunk, **cluster}, site.facts,
-                                  sm=gpu.sm, spec_dir=".")
+        nms = compile_site_kernel(str(ref), {**NMS_PARAMS, "block": args.block, "chunk": args.chunk, **cluster},
+                                  site.facts, sm=gpu.sm, spec_dir=".")
         for batch in args.batches:  # inside: the runtime reads the contract again
             print(f"== batch {batch} (plain, graph, then nms alone)", flush=True)
             sets = [head_maps(np.random.default_rng(batch), batch, args.object_classes)] * 4
