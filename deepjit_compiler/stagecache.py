@@ -13,7 +13,6 @@ kept: a failing stage runs again and writes its RunResults for the report.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -28,8 +27,7 @@ from .jit.cache import CacheStats, KernelCache, key_of
 from .validation.gate import LevelResult, OutputResult
 
 log = logging.getLogger("deepjit.cache")
-FORMAT = 1
-_RECORD = "record.json"
+FORMAT = 2  # 2: the record in the entry's signed meta.json (1: a record.json blob)
 _LIBRARIES = ("onnx", "onnxruntime", "polygraphy", "onnx-graphsurgeon", "numpy", "ml_dtypes")
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -83,8 +81,8 @@ def level_from_record(d: Mapping[str, Any]) -> LevelResult:
 
 class StageCache:
     """get(stage, material) -> (record, blobs) or None; put(stage, material, blobs, record). The record
-    (a level's figures) is kept as a blob too, so the entry's signature covers it. Disabled (every get
-    a miss) when RunResults of every comparison are asked for: a cached level writes none."""
+    (a level's figures) is in the entry's meta.json, which its signature covers. Disabled (every get a
+    miss) when RunResults of every comparison are asked for: a cached level writes none."""
 
     def __init__(self, root: Path | None = None, *, enabled: bool | None = None):
         # Counters of its own: the kernel cache's count compiles (tests assert on them).
@@ -99,14 +97,12 @@ class StageCache:
         if not self.enabled:
             return None
         found = self._store.get(self.key(stage, material))
-        if found is None or _RECORD not in found[1]:
+        if found is None or "record" not in found[0]:
             return None
-        blobs = dict(found[1])
         log.debug("stage %s: cached result %s", stage, self.key(stage, material)[:16])
-        return json.loads(blobs.pop(_RECORD)), blobs
+        return found[0]["record"], found[1]
 
     def put(self, stage: str, material: Mapping[str, Any], blobs: Mapping[str, bytes],
             record: Mapping[str, Any]) -> None:
         if self.enabled:
-            self._store.put(self.key(stage, material), {**blobs, _RECORD: json.dumps(record, sort_keys=True).encode()},
-                            {"stage": stage})
+            self._store.put(self.key(stage, material), blobs, {"stage": stage, "record": record})

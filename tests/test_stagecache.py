@@ -64,9 +64,9 @@ def test_a_level_round_trips_and_a_tampered_entry_is_a_miss(tmp_path):
     record, blobs = cache.get("precision", MATERIAL)
     assert level_from_record(record["level"]) == level and blobs == {"segment.onnx": b"\x08\x07rewritten"}
     folder = cache._store.folder(cache.key("precision", MATERIAL))
-    stored = json.loads((folder / "record.json").read_text())
-    stored["level"]["outputs"]["output0"]["max_abs"] = 0.0  # a better figure, written by someone else
-    (folder / "record.json").write_text(json.dumps(stored, sort_keys=True))
+    stored = json.loads((folder / "meta.json").read_text())
+    stored["record"]["level"]["outputs"]["output0"]["max_abs"] = 0.0  # a better figure, written by someone else
+    (folder / "meta.json").write_text(json.dumps(stored, sort_keys=True))
     assert cache.get("precision", MATERIAL) is None  # its signature no longer matches: a miss
 
 

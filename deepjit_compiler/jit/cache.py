@@ -5,10 +5,11 @@ written to a temp file in the same folder, fsynced and os.replace'd; meta.json g
 commit marker: it records each binary's sha256, so a torn or corrupt entry reads as a miss (and is
 rebuilt). Concurrent builders of one key write identical bytes, so either replace wins safely.
 
-An entry is trusted only if this user's DeepJIT wrote it: meta.json carries an HMAC of the key and
-the binaries' digests under a secret kept in the user's config folder (config.cache_key_file), so
-binaries edited in a shared or copied cache, their digests with them, read as a miss and are rebuilt
-instead of shipped in a bundle.
+An entry is trusted only if this user's DeepJIT wrote it: meta.json carries an HMAC of its whole
+record (the key, the binaries' digests and every other field: a kernel's entry names, a plan's I/O)
+under a secret kept in the user's config folder (config.cache_key_file), so an entry edited in a
+shared or copied cache reads as a miss and is rebuilt instead of shipped in a bundle. Entries of an
+older FORMAT (whose MAC covered the key and digests alone) are plain misses, rewritten in place.
 
 Root: the spec's `compile.cache_dir`, else $DEEPJIT_CACHE_DIR, else the user cache dir (config.py).
 """
@@ -30,6 +31,7 @@ from ..files import atomic_write
 
 log = logging.getLogger("deepjit.cache")
 META = "meta.json"
+FORMAT = 2  # meta.json's "cache_format": 2 signs the whole record
 
 
 def _secret() -> bytes:
@@ -51,8 +53,9 @@ def _secret() -> bytes:
     return path.read_bytes()
 
 
-def _mac(key: str, digests: Mapping[str, str]) -> str:
-    message = json.dumps({"key": key, "blobs": dict(digests)}, sort_keys=True).encode()
+def _mac(record: Mapping[str, Any]) -> str:
+    """The HMAC of a meta.json record, every field but the MAC itself."""
+    message = json.dumps({k: v for k, v in record.items() if k != "mac"}, sort_keys=True, default=list).encode()
     return hmac.new(_secret(), message, hashlib.sha256).hexdigest()
 
 
@@ -101,12 +104,16 @@ class KernelCache:
             return None
         except (OSError, ValueError, KeyError, TypeError) as e:
             return self._corrupt(key, f"unreadable ({e})")
+        if meta.get("cache_format") != FORMAT:
+            log.debug("%s entry %s is of an older format: a miss, rewritten", self.what, folder)
+            self.counters.bump("misses")
+            return None
         for name, data in blobs.items():
             if hashlib.sha256(data).hexdigest() != meta["blobs"][name]:
                 return self._corrupt(key, f"{name} does not match its digest")
         if meta.get("key") != key:
             return self._corrupt(key, "meta.json belongs to another key")
-        if not hmac.compare_digest(str(meta.get("mac", "")), _mac(key, meta["blobs"])):
+        if not hmac.compare_digest(str(meta.get("mac", "")), _mac(meta)):
             return self._corrupt(key, "it was not written by this user's DeepJIT (or was edited since)")
         self.counters.bump("hits")
         return meta, blobs
@@ -124,8 +131,8 @@ class KernelCache:
             for name, data in blobs.items():
                 atomic_write(folder / name, data)
             digests = {n: hashlib.sha256(d).hexdigest() for n, d in blobs.items()}
-            record = {**meta, "key": key, "blobs": digests, "mac": _mac(key, digests)}
-            atomic_write(folder / META, json.dumps(record, indent=1, sort_keys=True, default=list).encode())
+            record = json.loads(json.dumps({**meta, "cache_format": FORMAT, "key": key, "blobs": digests}, default=list))
+            atomic_write(folder / META, json.dumps({**record, "mac": _mac(record)}, indent=1, sort_keys=True).encode())
         except OSError as e:
             # A read-only or full cache must not fail the build: the kernel is compiled either way.
             log.warning("cannot write %s entry %s: %s", self.what, folder, e)

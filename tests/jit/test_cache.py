@@ -101,7 +101,8 @@ def _entry(tmp_path, key) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["truncate cubin", "garble meta", "drop ptx", "meta of another key",
-                                    "cubin and its digest edited together", "written by another user"])
+                                    "cubin and its digest edited together", "written by another user",
+                                    "entry name edited", "field added"])
 def test_corrupt_entries_are_misses_and_rebuilt(tiny, tmp_path, damage, monkeypatch):
     src = source(tiny)
     good = compile_cached(src, 75, cache=KernelCache(tmp_path))
@@ -125,6 +126,14 @@ def test_corrupt_entries_are_misses_and_rebuilt(tiny, tmp_path, damage, monkeypa
             compile_cached(src, 75, cache=KernelCache(tmp_path / "theirs"))
         shutil.rmtree(folder)
         shutil.copytree(KernelCache(tmp_path / "theirs").folder(good.key), folder)
+    elif damage == "entry name edited":  # the binaries untouched: the launch would take another function
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["lowered"] = {name: "_Z4evilPfPKffi" for name in meta["lowered"]}
+        (folder / "meta.json").write_text(json.dumps(meta))
+    elif damage == "field added":
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["min_driver"], meta["note"] = "0.0", "trusted?"
+        (folder / "meta.json").write_text(json.dumps(meta))
     else:
         meta = json.loads((folder / "meta.json").read_text())
         meta["key"] = "0" * 64
@@ -135,6 +144,23 @@ def test_corrupt_entries_are_misses_and_rebuilt(tiny, tmp_path, damage, monkeypa
     assert nvrtc.stats.compiles == before_compiles + 1
     assert cache_mod.stats.corrupt == before_corrupt + (damage != "drop ptx")  # a missing file is a plain miss
     assert compile_cached(src, 75, cache=KernelCache(tmp_path)).from_cache  # repaired
+
+
+def test_an_older_formats_entry_is_a_plain_miss_and_rewritten(tiny, tmp_path):
+    """Entries whose MAC covered only the key and digests (cache format 1) are rebuilt without a
+    corrupt-entry warning, then hit."""
+    good = compile_cached(source(tiny), 75, cache=KernelCache(tmp_path))
+    meta_path = _entry(tmp_path, good.key) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["cache_format"] == 2
+    del meta["cache_format"]
+    meta_path.write_text(json.dumps(meta))
+    corrupt, compiles = cache_mod.stats.corrupt, nvrtc.stats.compiles
+    again = compile_cached(source(tiny), 75, cache=KernelCache(tmp_path))
+    assert not again.from_cache and nvrtc.stats.compiles == compiles + 1
+    assert cache_mod.stats.corrupt == corrupt
+    assert json.loads(meta_path.read_text())["cache_format"] == 2
+    assert compile_cached(source(tiny), 75, cache=KernelCache(tmp_path)).from_cache
 
 
 def test_entries_are_committed_by_meta_written_last(tiny, tmp_path):
