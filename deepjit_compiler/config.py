@@ -1,10 +1,13 @@
 """Environment knobs, declared in one place (Triton's knobs.py, in small)."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import platformdirs
+
+from .errors import ConfigError
 
 
 def cache_dir() -> Path:
@@ -71,9 +74,23 @@ def data_dir(name: str) -> Path:
 
 def registry_timeout_s() -> float:
     """$DEEPJIT_REGISTRY_TIMEOUT_S: connect and read timeout of each registry request (default 30)."""
-    return float(os.environ.get("DEEPJIT_REGISTRY_TIMEOUT_S", "30"))
+    return _seconds("DEEPJIT_REGISTRY_TIMEOUT_S", 30.0)
 
 
 def registry_deadline_s() -> float:
     """$DEEPJIT_REGISTRY_DEADLINE_S: no registry request of one command starts past this (default 1800)."""
-    return float(os.environ.get("DEEPJIT_REGISTRY_DEADLINE_S", "1800"))
+    return _seconds("DEEPJIT_REGISTRY_DEADLINE_S", 1800.0)
+
+
+def _seconds(name: str, default: float) -> float:
+    """A duration from the environment: ConfigError naming the variable unless a finite number above 0."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"${name} is {text!r}: a number of seconds above 0 is allowed (default {default:g})")
+    return value

@@ -18,6 +18,10 @@ class DeepJITError(Exception):
         return (type(self), self.args)
 
 
+class ConfigError(DeepJITError):
+    """An environment setting (DEEPJIT_*) is wrong: the message names the variable and what is allowed."""
+
+
 class SpecError(DeepJITError):
     """The spec file is wrong: the message names file, line, column and field."""
 

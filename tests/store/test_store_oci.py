@@ -23,7 +23,7 @@ from registry import fake_registry
 
 from deepjit_compiler import store
 from deepjit_compiler.bundle.folder import read_bundle, write_bundle
-from deepjit_compiler.errors import StoreError
+from deepjit_compiler.errors import DeepJITError, StoreError
 from deepjit_compiler.store import open_store
 from deepjit_compiler.store.oci import (
     ANN_DIGEST,
@@ -323,6 +323,18 @@ def test_a_registry_that_stalls_after_v2_is_given_up_on(tmp_path, monkeypatch):
         with pytest.raises(StoreError, match=f"registry {slow.host} did not answer within 1 s"):
             store.pull(f"oci://{slow.host}/t/x:v1", tmp_path / "p")
     assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("name", ["DEEPJIT_REGISTRY_TIMEOUT_S", "DEEPJIT_REGISTRY_DEADLINE_S"])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf"])
+def test_a_bad_registry_duration_is_named_before_any_request(tmp_path, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    asked = []
+    with fake_registry(lambda method, path, headers: asked.append(path) or (200, {}, b"{}")) as reg:
+        with pytest.raises(DeepJITError, match=rf"\${name} is '{value}': a number of seconds above 0 is allowed") as e:
+            store.pull(f"oci://{reg.host}/t/x:v1", tmp_path / "p")
+    assert e.value.exit_code == 2 and asked == []
+    assert not (tmp_path / "p").exists()
 
 
 @pytest.mark.parametrize("body", [b"[1, 2]", b"not json", b"[" * 100_000 + b"]" * 100_000,
