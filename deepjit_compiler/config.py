@@ -23,6 +23,12 @@ def stage_cache_dir() -> Path:
     return (Path(env) if env else Path(platformdirs.user_cache_dir("deepjit"))) / "stages"
 
 
+def stage_cache_max_bytes() -> int:
+    """$DEEPJIT_STAGE_CACHE_MB: the stage cache's size bound; past it the least recently used entries go
+    (default 2048 MB: ~90 fp16 rewrites of YOLOv8s)."""
+    return int(_positive("DEEPJIT_STAGE_CACHE_MB", 2048.0, "a number of megabytes") * 1e6)
+
+
 def cache_key_file() -> Path:
     """$DEEPJIT_CACHE_KEY_FILE: the secret that signs this user's kernel cache entries (default: in the
     user config folder, outside any cache folder a team might share)."""
@@ -74,16 +80,16 @@ def data_dir(name: str) -> Path:
 
 def registry_timeout_s() -> float:
     """$DEEPJIT_REGISTRY_TIMEOUT_S: connect and read timeout of each registry request (default 30)."""
-    return _seconds("DEEPJIT_REGISTRY_TIMEOUT_S", 30.0)
+    return _positive("DEEPJIT_REGISTRY_TIMEOUT_S", 30.0, "a number of seconds")
 
 
 def registry_deadline_s() -> float:
     """$DEEPJIT_REGISTRY_DEADLINE_S: no registry request of one command starts past this (default 1800)."""
-    return _seconds("DEEPJIT_REGISTRY_DEADLINE_S", 1800.0)
+    return _positive("DEEPJIT_REGISTRY_DEADLINE_S", 1800.0, "a number of seconds")
 
 
-def _seconds(name: str, default: float) -> float:
-    """A duration from the environment: ConfigError naming the variable unless a finite number above 0."""
+def _positive(name: str, default: float, what: str) -> float:
+    """A quantity from the environment: ConfigError naming the variable unless a finite number above 0."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -92,5 +98,5 @@ def _seconds(name: str, default: float) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"${name} is {text!r}: a number of seconds above 0 is allowed (default {default:g})")
+        raise ConfigError(f"${name} is {text!r}: {what} above 0 is allowed (default {default:g})")
     return value

@@ -81,8 +81,9 @@ def level_from_record(d: Mapping[str, Any]) -> LevelResult:
 
 class StageCache:
     """get(stage, material) -> (record, blobs) or None; put(stage, material, blobs, record). The record
-    (a level's figures) is in the entry's meta.json, which its signature covers. Disabled (every get a
-    miss) when RunResults of every comparison are asked for: a cached level writes none."""
+    (a level's figures) is in the entry's meta.json, which its signature covers. Each put prunes the
+    least recently used entries past $DEEPJIT_STAGE_CACHE_MB. Disabled (every get a miss) when
+    RunResults of every comparison are asked for: a cached level writes none."""
 
     def __init__(self, root: Path | None = None, *, enabled: bool | None = None):
         # Counters of its own: the kernel cache's count compiles (tests assert on them).
@@ -105,4 +106,6 @@ class StageCache:
     def put(self, stage: str, material: Mapping[str, Any], blobs: Mapping[str, bytes],
             record: Mapping[str, Any]) -> None:
         if self.enabled:
-            self._store.put(self.key(stage, material), blobs, {"stage": stage, "record": record})
+            key = self.key(stage, material)
+            self._store.put(key, blobs, {"stage": stage, "record": record})
+            self._store.prune(config.stage_cache_max_bytes(), keep=key)

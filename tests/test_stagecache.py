@@ -3,6 +3,8 @@ miss, and an edited spec field reruns exactly the stages it feeds (full builds o
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from conftest import YOLOV8N_T4
 
 from deepjit_compiler import config, stagecache
 from deepjit_compiler.build import build_pipeline
+from deepjit_compiler.errors import DeepJITError
 from deepjit_compiler.stagecache import StageCache, arrays_digest, level_from_record, level_record
 from deepjit_compiler.validation.gate import LevelResult, OutputResult
 
@@ -68,6 +71,57 @@ def test_a_level_round_trips_and_a_tampered_entry_is_a_miss(tmp_path):
     stored["record"]["level"]["outputs"]["output0"]["max_abs"] = 0.0  # a better figure, written by someone else
     (folder / "meta.json").write_text(json.dumps(stored, sort_keys=True))
     assert cache.get("precision", MATERIAL) is None  # its signature no longer matches: a miss
+
+
+def _entries(cache: StageCache, n: int) -> list[str]:
+    """n entries of ~10 kB (seeded random blobs), last used 100, 90, ... s ago: their keys, oldest first."""
+    rng = np.random.default_rng(7)
+    keys = []
+    for i in range(n):
+        material = {**MATERIAL, "seed": i}
+        cache.put("precision", material, {"segment.onnx": rng.bytes(10_000)}, {"level": {"i": i}})
+        keys.append(cache.key("precision", material))
+        meta = cache._store.folder(keys[-1]) / "meta.json"
+        os.utime(meta, (meta.stat().st_atime, time.time() - 100 + 10 * i))
+    return keys
+
+
+def test_past_its_size_bound_the_least_recently_used_entries_go(tmp_path, monkeypatch):
+    cache = StageCache(tmp_path, enabled=True)
+    keys = _entries(cache, 4)
+    assert cache.get("precision", {**MATERIAL, "seed": 0}) is not None  # used now: the newest
+    monkeypatch.setenv("DEEPJIT_STAGE_CACHE_MB", "0.035")  # room for three
+    cache.put("precision", {**MATERIAL, "seed": 9}, {"segment.onnx": b"\x08" * 10_000}, {"level": {}})
+    present = [cache._store.folder(k).exists() for k in keys]
+    assert present == [True, False, False, True]  # seed 0 was used last; 1 and 2 were the oldest
+    assert cache.get("precision", {**MATERIAL, "seed": 9}) is not None  # the entry just written stays
+    assert cache.get("precision", {**MATERIAL, "seed": 1}) is None
+
+
+def test_pruning_removes_only_what_deepjit_wrote(tmp_path, monkeypatch):
+    cache = StageCache(tmp_path, enabled=True)
+    keys = _entries(cache, 3)
+    mine = cache._store.folder(keys[0]) / "notes.txt"  # a user's file in an entry's folder
+    mine.write_text("mine")
+    foreign = tmp_path / keys[1][:2] / ("f" * 64)  # an entry-shaped folder DeepJIT did not sign
+    foreign.mkdir()
+    (foreign / "meta.json").write_text(json.dumps({"cache_format": 2, "key": "f" * 64, "blobs": {}, "mac": "0"}))
+    (foreign / "big").write_bytes(b"x" * 50_000)
+    (tmp_path / "README").write_text("a user's file")
+    monkeypatch.setenv("DEEPJIT_STAGE_CACHE_MB", "0.001")
+    cache.put("precision", {**MATERIAL, "seed": 9}, {"segment.onnx": b"\x08" * 10_000}, {"level": {}})
+    assert mine.read_text() == "mine" and not (mine.parent / "meta.json").exists()  # its entry went, the file stayed
+    assert (foreign / "big").stat().st_size == 50_000 and (foreign / "meta.json").exists()
+    assert (tmp_path / "README").exists()
+    assert not cache._store.folder(keys[1]).exists() and not cache._store.folder(keys[2]).exists()
+    assert cache.get("precision", {**MATERIAL, "seed": 9}) is not None
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "-1", "nan"])
+def test_a_bad_size_bound_is_named(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("DEEPJIT_STAGE_CACHE_MB", value)
+    with pytest.raises(DeepJITError, match=rf"\$DEEPJIT_STAGE_CACHE_MB is '{value}': a number of megabytes above 0"):
+        StageCache(tmp_path, enabled=True).put("graph", MATERIAL, {}, {"level": {}})
 
 
 def test_asking_for_every_run_result_bypasses_the_cache(tmp_path, monkeypatch):

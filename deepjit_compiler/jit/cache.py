@@ -59,6 +59,13 @@ def _mac(record: Mapping[str, Any]) -> str:
     return hmac.new(_secret(), message, hashlib.sha256).hexdigest()
 
 
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache is still read
+
+
 def key_of(material: Mapping[str, Any]) -> str:
     """sha256 of a JSON-able mapping, keys sorted: the same material always gives the same key."""
     return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -116,6 +123,7 @@ class KernelCache:
         if not hmac.compare_digest(str(meta.get("mac", "")), _mac(meta)):
             return self._corrupt(key, "it was not written by this user's DeepJIT (or was edited since)")
         self.counters.bump("hits")
+        _touch(folder / META)  # last used: prune keeps the recently used
         return meta, blobs
 
     def _corrupt(self, key: str, why: str) -> None:
@@ -123,6 +131,37 @@ class KernelCache:
         self.counters.bump("corrupt")
         self.counters.bump("misses")
         return None
+
+    def prune(self, max_bytes: int, keep: str = "") -> int:
+        """Remove the least recently used entries until the rest take at most max_bytes; `keep`, a key,
+        stays whatever its size. Only entries this user's DeepJIT signed go, and only the files their
+        record names (a folder with anything else in it stays). Returns the bytes removed."""
+        entries = []
+        for meta_path in self.root.glob(f"??/*/{META}"):
+            try:
+                meta = json.loads(meta_path.read_text())
+                ours = (meta.get("cache_format") == FORMAT and meta.get("key") == meta_path.parent.name
+                        and hmac.compare_digest(str(meta.get("mac", "")), _mac(meta)))
+                files = [meta_path] + [meta_path.parent / name for name in meta["blobs"]]
+                size = sum(f.stat().st_size for f in files if f.exists())
+                entries.append((meta_path.stat().st_mtime, meta_path.parent.name, ours, files, size))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # not an entry (or one being written): neither counted nor removed
+        total, removed = sum(e[4] for e in entries), 0
+        for _, key, ours, files, size in sorted(entries):
+            if total <= max_bytes:
+                break
+            if not ours or key == keep:
+                continue
+            for f in files:  # meta.json first: a reader finds a miss, not an entry losing its blobs
+                f.unlink(missing_ok=True)
+            try:
+                files[0].parent.rmdir()
+            except OSError:
+                pass  # something else is in it
+            total, removed = total - size, removed + size
+            log.info("%s: removed %s (%.1f MB, least recently used)", self.what, files[0].parent, size / 1e6)
+        return removed
 
     def put(self, key: str, blobs: Mapping[str, bytes], meta: Mapping[str, Any]) -> None:
         folder = self.folder(key)
