@@ -29,6 +29,12 @@ def stage_cache_max_bytes() -> int:
     return int(_positive("DEEPJIT_STAGE_CACHE_MB", 2048.0, "a number of megabytes") * 1e6)
 
 
+def plan_cache_max_bytes() -> int:
+    """$DEEPJIT_PLAN_CACHE_MB: the plan cache's size bound; past it the least recently used plans go
+    (default 8192 MB: plans take minutes to build, so the bound is loose)."""
+    return int(_positive("DEEPJIT_PLAN_CACHE_MB", 8192.0, "a number of megabytes") * 1e6)
+
+
 def cache_key_file() -> Path:
     """$DEEPJIT_CACHE_KEY_FILE: the secret that signs this user's kernel cache entries (default: in the
     user config folder, outside any cache folder a team might share)."""

@@ -66,6 +66,7 @@ def build_engine(segment_path: str | Path, settings: EngineSettings, *, flavour:
     else:
         plan, network, seconds = build_in_child(path, settings, flavour, timing_cache=timing_cache, segment_name=name)
         cache.put(key, {"plan": plan}, {"network": network, "flavour": flavour.name, "version": version})
+        cache.prune(config.plan_cache_max_bytes(), keep=key)
     # TensorRT-RTX: the compute capability it was built for; TensorRT: the GPU it was built on (unknown
     # with a hardware compatibility level: the library decides where it loads).
     sm = settings.target_sm if flavour.ahead_of_time else build_sm if settings.hardware_compatibility == "none" else None

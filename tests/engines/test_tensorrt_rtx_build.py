@@ -27,6 +27,7 @@ from deepjit_compiler.engines import plans as plans_mod  # noqa: E402
 from deepjit_compiler.engines.plans import build_engine, plan_key  # noqa: E402
 from deepjit_compiler.engines.tensorrt import build_plan, parse_network, plan_refusal  # noqa: E402
 from deepjit_compiler.errors import EngineError, SpecError  # noqa: E402
+from deepjit_compiler.jit.cache import KernelCache  # noqa: E402
 from deepjit_compiler.precision.rewrite import apply_precision  # noqa: E402
 from deepjit_compiler.spec.targets import TENSORRT_RTX_SM  # noqa: E402
 
@@ -113,6 +114,18 @@ def test_a_rebuild_comes_from_the_plan_cache_with_the_same_bytes(tmp_path):
                 plan_key(data, settings(), TENSORRT_RTX, "1.7.2")}) == 5
     sm86 = build_engine(path, settings(target_sm=86), flavour=TENSORRT_RTX, cache_dir=cache)
     assert sm86.plan.compute_capabilities == ("8.6",) and not sm86.plan.from_cache
+
+
+def test_past_its_size_bound_the_plan_cache_drops_the_least_recently_used(tmp_path, monkeypatch):
+    path, cache = save(segment(3), tmp_path), tmp_path / "cache"
+    monkeypatch.setenv("DEEPJIT_PLAN_CACHE_MB", "0.000001")  # room for the plan just built alone
+    first = build_engine(path, settings(), flavour=TENSORRT_RTX, cache_dir=cache)
+    second = build_engine(path, settings(target_sm=86), flavour=TENSORRT_RTX, cache_dir=cache)
+    store = KernelCache(cache / "plans")
+    assert not store.folder(first.plan.key).exists() and store.folder(second.plan.key).exists()
+    assert not build_engine(path, settings(), flavour=TENSORRT_RTX, cache_dir=cache).plan.from_cache
+    monkeypatch.setenv("DEEPJIT_PLAN_CACHE_MB", "100")
+    assert build_engine(path, settings(), flavour=TENSORRT_RTX, cache_dir=cache).plan.from_cache
 
 
 def test_engine_from_segment_builds_what_the_decision_says(tmp_path):
