@@ -5,6 +5,7 @@
 #   bench/h200_check.sh tests     every gpu-marked test
 #   bench/h200_check.sh postprocess  bench/postprocess.py with the H200 spec's kernel settings, fp32 and fp16 head maps,
 #                                 and the fused decode + NMS (yolov8_decode mode nms) beside them
+#   bench/h200_check.sh floors    bench/nms_floors.py: where the decode + nms pair's graph time goes (issue 17)
 #   bench/h200_check.sh t4        validate and run a T4 bundle built on a CPU box ($T4_BUNDLE)
 #   bench/h200_check.sh triton    the H200 bundle served by Triton (KIND_GPU) under load, next to `deepjit bench`
 #                                 of it, and the gpu-marked Triton test; needs the wheels bench/triton_wheels.sh
@@ -50,6 +51,8 @@ for part in "${parts[@]}"; do
       --large-batch-lanes 2 --anchors-per-thread 1 --nms-block 512 --nms-chunk 512 --nms-cluster 8 \
       --nms-large-batch-cluster 2 --fused --fused-block 1024 --fused-chunk 512 --json "$OUT/postprocess.json" 2>&1 \
       | tee "$OUT/postprocess.txt" ;;
+  floors)
+    echo "== bench/nms_floors.py" && python3 bench/nms_floors.py --batches 1 8 32 2>&1 | tee "$OUT/nms_floors.txt" ;;
   t4)
     echo "== validate T4 bundle (PTX)" && dj validate "$T4_BUNDLE" 2>&1 | tail -12
     echo "== run T4 bundle" && dj run "$T4_BUNDLE" --input /tmp/images_b2.npy 2>&1 | tail -8 ;;
@@ -91,6 +94,6 @@ for part in "${parts[@]}"; do
     done
     echo "== gpu-marked Triton test" && DEEPJIT_TRITON_ENV=$env python3 -m pytest -m gpu -q -ra -p no:cacheprovider \
       tests/serve 2>&1 | tee "$OUT/pytest_triton_gpu.txt" | tail -15 ;;
-  *) echo "unknown part $part: build, compare, tests, postprocess, t4, triton" >&2; exit 2 ;;
+  *) echo "unknown part $part: build, compare, tests, postprocess, floors, t4, triton" >&2; exit 2 ;;
   esac
 done
