@@ -117,6 +117,22 @@ def test_pruning_removes_only_what_deepjit_wrote(tmp_path, monkeypatch):
     assert cache.get("precision", {**MATERIAL, "seed": 9}) is not None
 
 
+def test_a_cache_it_cannot_prune_does_not_fail_the_put(tmp_path, monkeypatch, caplog):
+    cache = StageCache(tmp_path, enabled=True)
+    keys = _entries(cache, 2)
+    monkeypatch.setenv("DEEPJIT_STAGE_CACHE_MB", "0.001")
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(13, "Read-only file system", str(self))
+
+    monkeypatch.setattr(type(tmp_path), "unlink", refuse)
+    cache.put("precision", {**MATERIAL, "seed": 9}, {"segment.onnx": b"\x08" * 10_000}, {"level": {}})
+    monkeypatch.undo()
+    assert "cannot prune stage cache entry" in caplog.text and "Read-only file system" in caplog.text
+    assert all(cache._store.folder(k).exists() for k in keys)
+    assert cache.get("precision", {**MATERIAL, "seed": 9}) is not None
+
+
 @pytest.mark.parametrize("value", ["lots", "0", "-1", "nan"])
 def test_a_bad_size_bound_is_named(tmp_path, monkeypatch, value):
     monkeypatch.setenv("DEEPJIT_STAGE_CACHE_MB", value)

@@ -153,8 +153,12 @@ class KernelCache:
                 break
             if not ours or key == keep:
                 continue
-            for f in files:  # meta.json first: a reader finds a miss, not an entry losing its blobs
-                f.unlink(missing_ok=True)
+            try:
+                for f in files:  # meta.json first: a reader finds a miss, not an entry losing its blobs
+                    f.unlink(missing_ok=True)
+            except OSError as e:  # a read-only cache must not fail the build, as in put
+                log.warning("cannot prune %s entry %s: %s", self.what, files[0].parent, e)
+                return removed
             try:
                 files[0].parent.rmdir()
             except OSError:
