@@ -98,7 +98,7 @@ class StageCache:
         if not self.enabled:
             return None
         found = self._store.get(self.key(stage, material))
-        if found is None or "record" not in found[0]:
+        if found is None:
             return None
         log.debug("stage %s: cached result %s", stage, self.key(stage, material)[:16])
         return found[0]["record"], found[1]

@@ -117,6 +117,21 @@ def test_pruning_removes_only_what_deepjit_wrote(tmp_path, monkeypatch):
     assert cache.get("precision", {**MATERIAL, "seed": 9}) is not None
 
 
+def test_an_unsigned_record_is_neither_counted_nor_followed(tmp_path, monkeypatch):
+    """A foreign meta.json naming a big file outside the cache must not push our entries out."""
+    cache = StageCache(tmp_path / "stages", enabled=True)
+    keys = _entries(cache, 2)
+    (tmp_path / "outside").write_bytes(b"x" * 200_000)
+    foreign = tmp_path / "stages" / "ff" / ("f" * 64)
+    foreign.mkdir(parents=True)
+    (foreign / "meta.json").write_text(json.dumps({"cache_format": 2, "key": "f" * 64, "mac": "0",
+                                                   "blobs": {"../../../outside": "0" * 64}}))
+    monkeypatch.setenv("DEEPJIT_STAGE_CACHE_MB", "0.05")  # room for our three entries, not for the foreign file
+    cache.put("precision", {**MATERIAL, "seed": 9}, {"segment.onnx": b"\x08" * 10_000}, {"level": {}})
+    assert all(cache._store.folder(k).exists() for k in keys)
+    assert (tmp_path / "outside").stat().st_size == 200_000 and (foreign / "meta.json").exists()
+
+
 def test_a_cache_it_cannot_prune_does_not_fail_the_put(tmp_path, monkeypatch, caplog):
     cache = StageCache(tmp_path, enabled=True)
     keys = _entries(cache, 2)

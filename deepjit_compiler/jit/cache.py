@@ -54,9 +54,14 @@ def _secret() -> bytes:
 
 
 def _mac(record: Mapping[str, Any]) -> str:
-    """The HMAC of a meta.json record, every field but the MAC itself."""
-    message = json.dumps({k: v for k, v in record.items() if k != "mac"}, sort_keys=True, default=list).encode()
+    """The HMAC of a meta.json record (plain JSON values), every field but the MAC itself."""
+    message = json.dumps({k: v for k, v in record.items() if k != "mac"}, sort_keys=True).encode()
     return hmac.new(_secret(), message, hashlib.sha256).hexdigest()
+
+
+def _signed(meta: Mapping[str, Any]) -> bool:
+    """Did this user's DeepJIT write this record, unedited?"""
+    return hmac.compare_digest(str(meta.get("mac", "")), _mac(meta))
 
 
 def _touch(path: Path) -> None:
@@ -120,7 +125,7 @@ class KernelCache:
                 return self._corrupt(key, f"{name} does not match its digest")
         if meta.get("key") != key:
             return self._corrupt(key, "meta.json belongs to another key")
-        if not hmac.compare_digest(str(meta.get("mac", "")), _mac(meta)):
+        if not _signed(meta):
             return self._corrupt(key, "it was not written by this user's DeepJIT (or was edited since)")
         self.counters.bump("hits")
         _touch(folder / META)  # last used: prune keeps the recently used
@@ -135,23 +140,24 @@ class KernelCache:
     def prune(self, max_bytes: int, keep: str = "") -> int:
         """Remove the least recently used entries until the rest take at most max_bytes; `keep`, a key,
         stays whatever its size. Only entries this user's DeepJIT signed go, and only the files their
-        record names (a folder with anything else in it stays). Returns the bytes removed."""
+        record names (a folder with anything else in it stays): the bound counts those entries alone,
+        and no other record's file names are followed. Returns the bytes removed."""
         entries = []
         for meta_path in self.root.glob(f"??/*/{META}"):
             try:
                 meta = json.loads(meta_path.read_text())
-                ours = (meta.get("cache_format") == FORMAT and meta.get("key") == meta_path.parent.name
-                        and hmac.compare_digest(str(meta.get("mac", "")), _mac(meta)))
+                if meta.get("cache_format") != FORMAT or meta.get("key") != meta_path.parent.name or not _signed(meta):
+                    continue  # not an entry of ours (or one being written): neither counted nor removed
                 files = [meta_path] + [meta_path.parent / name for name in meta["blobs"]]
                 size = sum(f.stat().st_size for f in files if f.exists())
-                entries.append((meta_path.stat().st_mtime, meta_path.parent.name, ours, files, size))
+                entries.append((meta_path.stat().st_mtime, meta_path.parent.name, files, size))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                continue  # not an entry (or one being written): neither counted nor removed
-        total, removed = sum(e[4] for e in entries), 0
-        for _, key, ours, files, size in sorted(entries):
+                continue
+        total, removed = sum(e[3] for e in entries), 0
+        for _, key, files, size in sorted(entries):
             if total <= max_bytes:
                 break
-            if not ours or key == keep:
+            if key == keep:
                 continue
             try:
                 for f in files:  # meta.json first: a reader finds a miss, not an entry losing its blobs
