@@ -35,6 +35,12 @@ def plan_cache_max_bytes() -> int:
     return int(_positive("DEEPJIT_PLAN_CACHE_MB", 8192.0, "a number of megabytes") * 1e6)
 
 
+def kernel_cache_max_bytes() -> int:
+    """$DEEPJIT_KERNEL_CACHE_MB: the compile cache's size bound; past it the least recently used kernels go
+    (default 512 MB: a kernel's entry is tens of kB, so thousands of them)."""
+    return int(_positive("DEEPJIT_KERNEL_CACHE_MB", 512.0, "a number of megabytes") * 1e6)
+
+
 def cache_key_file() -> Path:
     """$DEEPJIT_CACHE_KEY_FILE: the secret that signs this user's kernel cache entries (default: in the
     user config folder, outside any cache folder a team might share)."""

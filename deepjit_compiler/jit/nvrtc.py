@@ -282,9 +282,11 @@ def compile_cached(source: KernelSource, sm: int, options: CompileOptions = Comp
                                           ptx=blobs["ptx"].decode(), source=source, contract_path=contract_path,
                                           log=meta.get("log", ""), from_cache=True)
     else:
+        bound = config.kernel_cache_max_bytes()  # a bad setting fails before NVRTC runs
         built = dataclasses.replace(compile_source(source, sm, options, contract_path=contract_path), key=key)
         cache.put(key, {"cubin": built.cubin, "ptx": built.ptx.encode()},
                   {**built.to_dict(), "log": built.log, "deepjit": __version__})
+        cache.prune(bound, keep=key)  # only after a compile: a hit adds nothing
         kernel = built
     _dump(kernel)
     return kernel

@@ -197,3 +197,36 @@ def test_unwritable_cache_does_not_fail_the_build(tiny, tmp_path):
     blocker.write_text("not a folder")
     k = compile_cached(source(tiny), 75, cache=KernelCache(blocker))
     assert k.cubin[:4] == b"\x7fELF" and not k.from_cache
+
+
+def test_past_its_size_bound_a_compile_removes_the_least_recently_used_kernels(tiny, tmp_path, monkeypatch):
+    """$DEEPJIT_KERNEL_CACHE_MB bounds the compile cache; the plans and stages that share its root stay."""
+    import os
+    import time
+
+    from deepjit_compiler.stagecache import StageCache
+
+    root = tmp_path / "c"
+    stages = StageCache(root / "stages", enabled=True)
+    stages.put("precision", {"seed": 1}, {"segment.onnx": b"\x08" * 50_000}, {"level": {}})
+    kernels = [compile_cached(source(tiny, scale=s), 75, cache=KernelCache(root)) for s in (1.0, 2.0, 3.0)]
+    folders = [KernelCache(root).folder(k.key) for k in kernels]
+    for i, folder in enumerate(folders):  # written a second apart, oldest first
+        os.utime(folder / "meta.json", (time.time(), time.time() - 100 + 10 * i))
+    assert compile_cached(source(tiny, scale=1.0), 75, cache=KernelCache(root)).from_cache  # used now: the newest
+    entry = sum(f.stat().st_size for f in folders[1].iterdir())
+    monkeypatch.setenv("DEEPJIT_KERNEL_CACHE_MB", str(2.5 * entry / 1e6))  # room for two
+    newest = compile_cached(source(tiny, scale=4.0), 75, cache=KernelCache(root))
+    assert [f.exists() for f in folders] == [True, False, False]  # 2.0 and 3.0 were the least recently used
+    assert compile_cached(source(tiny, scale=4.0), 75, cache=KernelCache(root)).from_cache
+    assert newest.key not in {k.key for k in kernels}
+    assert stages.get("precision", {"seed": 1}) is not None  # another cache's entry under the same root
+
+
+def test_a_bad_kernel_cache_bound_is_a_named_error(tiny, tmp_path, monkeypatch):
+    from deepjit_compiler.errors import DeepJITError
+
+    monkeypatch.setenv("DEEPJIT_KERNEL_CACHE_MB", "-1")
+    with pytest.raises(DeepJITError, match=r"\$DEEPJIT_KERNEL_CACHE_MB is '-1': a number of megabytes above 0"):
+        compile_cached(source(tiny, scale=5.0), 75, cache=KernelCache(tmp_path))
+    assert not list(tmp_path.glob("??/*/meta.json"))  # refused before it compiled or wrote anything
