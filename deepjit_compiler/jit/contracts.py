@@ -52,7 +52,7 @@ class Contract:
         return h.hexdigest()
 
 
-def _find(name: str, folders: list[Path], what: str, owner: Path) -> Path:
+def contract_file(name: str, folders: list[Path], what: str, owner: Path) -> Path:
     """A file a contract names: a relative path inside one of `folders` (its own folder, then DeepJIT's
     templates), never outside them, through a link neither. Errors print only the name: the file may be
     anything a hostile contract points at."""
@@ -86,8 +86,8 @@ def load_contract(ref: str, *, spec_dir: Path | None = None) -> Contract:
     text = read_text(path, KernelError, "kernel contract")
     model = _parse_contract(text, path)
     folders = [path.parent.resolve(), data_dir("templates")]
-    template = _find(model.template, folders, "template", path)
-    headers = tuple(_find(h, [template.parent, *folders], "header", path) for h in model.headers)
+    template = contract_file(model.template, folders, "template", path)
+    headers = tuple(contract_file(h, [template.parent, *folders], "header", path) for h in model.headers)
     return Contract(model, path.resolve(), template, headers)
 
 
@@ -209,7 +209,7 @@ def signature(contract: Contract, params: Mapping[str, Any]) -> tuple[TensorSig,
         for k, spec in enumerate(specs):
             where = f"{contract.path}: {role}s[{k}]"
             for ctx in _repeats(spec, params, where):
-                name, dtype = expand(spec.name, ctx), evaluate(spec.dtype, ctx, f"{where}.dtype")
+                name, dtype = expand(spec.name, ctx, f"{where}.name"), evaluate(spec.dtype, ctx, f"{where}.dtype")
                 if dtype not in CTYPES:
                     raise KernelError(f"{where}: dtype must be one of {', '.join(CTYPES)}, got {dtype!r}")
                 shape = tuple(evaluate(d, ctx, f"{where}.shape") for d in spec.shape)
@@ -229,7 +229,7 @@ def site_inputs(contract: Contract, params: Mapping[str, Any]) -> dict[str, int]
             pos = evaluate(spec.site_input, ctx, f"{where}.site_input")
             if not isinstance(pos, int) or isinstance(pos, bool) or pos < 0:
                 raise KernelError(f"{where}.site_input: must be a position (an int >= 0), got {pos!r}")
-            out[expand(spec.name, ctx)] = pos
+            out[expand(spec.name, ctx, f"{where}.name")] = pos
     return out
 
 
@@ -358,8 +358,9 @@ def entry_symbols(contract: Contract, params: Mapping[str, Any]) -> tuple[tuple[
         return ()
     out = []
     for e, at, large in _selected_entries(contract, params):
-        out.append((e.name, expand(e.symbol, params)))
-        if at is not None and (symbol := expand(e.symbol, large)) != out[-1][1]:
+        where = f"{contract.path}: entry_points[{e.name}].symbol"
+        out.append((e.name, expand(e.symbol, params, where)))
+        if at is not None and (symbol := expand(e.symbol, large, where)) != out[-1][1]:
             out.append((f"{e.name} (batch {at}+)", symbol))
     if not out:
         raise KernelError(f"{contract.path}: no entry point applies to params {dict(params)}")
@@ -418,7 +419,7 @@ def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, i
         args = []
         for j, a in enumerate(e.args):
             for actx in _repeats(a, ctx, f"{where}.args[{j}]"):
-                name = expand(a.name, actx)
+                name = expand(a.name, actx, f"{where}.args[{j}].name")
                 if a.value is not None:
                     value = evaluate(a.value, {**actx, **values}, f"{where}.args[{j}].value")
                 elif name in values:
@@ -429,7 +430,7 @@ def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, i
                     raise KernelError(f"{where}.args[{j}]: no tensor, dim or param named '{name}'"
                                       f"{closest(name, [*values, *actx])}")
                 args.append((name, a.type, value))
-        out.append(Launch(e.name, expand(e.symbol, eparams), _dim3(e.grid, ctx, f"{where}.grid"),
+        out.append(Launch(e.name, expand(e.symbol, eparams, f"{where}.symbol"), _dim3(e.grid, ctx, f"{where}.grid"),
                           _dim3(e.block, ctx, f"{where}.block"),
                           int(evaluate(e.shared_mem, ctx, f"{where}.shared_mem")), tuple(args),
                           e.overlaps_previous))

@@ -42,9 +42,55 @@ _GLOBALS = {"is_static": _is_static, "ceil_div": _ceil_div, "pow2ceil": _pow2cei
             "prod": math.prod, "int": int, "float": float, "ctype": lambda d: CTYPES[d]}
 
 
+MAX_REPEAT = 1 << 22     # items a `*` may make of a str/list/tuple: jinja2's MAX_RANGE bounds range() only
+MAX_POW_BITS = 1 << 12   # bits an int `**` may make: 10**10**10 would hold the build for hours
+
+
+class BoundedSandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, with `*` and `**` bounded: contracts and templates come from users
+    and pulled bundles, and `'a' * 10**10` or `9**9**9` would exhaust memory or time before any
+    error. Intercepting also stops Jinja folding such constants at compile time."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            _check_repeat(left, right)
+            _check_repeat(right, left)
+        else:
+            _check_power(left, right)
+        return super().call_binop(context, operator, left, right)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_power(base: Any, exp: Any) -> None:
+    if _int(base) and _int(exp) and exp > 0 and exp * (abs(base) - 1).bit_length() > MAX_POW_BITS:
+        raise OverflowError(f"{base} ** {exp} has more than {MAX_POW_BITS} bits; the sandbox refuses it")
+
+
+def _check_repeat(seq: Any, times: Any) -> None:
+    if isinstance(seq, (str, bytes, list, tuple)) and _int(times) and len(seq) * times > MAX_REPEAT:
+        raise OverflowError(f"repeating a {type(seq).__name__} of {len(seq)} items {times} times makes more "
+                            f"than {MAX_REPEAT} items; the sandbox refuses it")
+
+
+def _undefined_in(value: Any) -> jinja2.Undefined | None:
+    """The first Undefined in a (nested) result: an unsafe attribute (`f.__code__`) evaluates to one."""
+    if isinstance(value, jinja2.Undefined):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((u for u in map(_undefined_in, value) if u is not None), None)
+    if isinstance(value, dict):
+        return _undefined_in(list(value.values()))
+    return None
+
+
 @lru_cache(maxsize=1)
 def _env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined)
+    env = BoundedSandbox(undefined=jinja2.StrictUndefined)
     env.globals.update(_GLOBALS)
     return env
 
@@ -60,11 +106,16 @@ def _template(text: str) -> jinja2.Template:
     return _env().from_string(text)
 
 
-def expand(text: Any, ctx: Mapping[str, Any]) -> Any:
+def expand(text: Any, ctx: Mapping[str, Any], where: str = "kernel contract") -> Any:
     """Expand `{{ }}` / `{% %}` in a contract string with ctx; non-strings pass through."""
     if not isinstance(text, str) or ("{{" not in text and "{%" not in text):
         return text
-    return _template(text).render(**ctx).strip()
+    try:
+        return _template(text).render(**ctx).strip()
+    except jinja2.TemplateSyntaxError as e:
+        raise KernelError(f"{where}: bad template string {text!r}: {e.message}") from None
+    except Exception as e:  # the string is user input: any failure (sandbox, overflow, undefined) is its fault
+        raise KernelError(f"{where}: cannot expand {text!r}: {type(e).__name__}: {e}") from None
 
 
 @lru_cache(maxsize=4096)
@@ -75,7 +126,7 @@ def undeclared(expr: str) -> frozenset[str]:
 
 def evaluate(expr: Any, ctx: Mapping[str, Any], where: str) -> Any:
     """Value of a contract expression. A bare unknown name is a symbolic dim and comes back as str."""
-    text = expand(expr, ctx)
+    text = expand(expr, ctx, where)
     if not isinstance(text, str):
         return text
     text = text.strip()
@@ -89,9 +140,12 @@ def evaluate(expr: Any, ctx: Mapping[str, Any], where: str) -> Any:
         raise KernelError(f"{where}: {text!r} uses {', '.join(sorted(missing))}, which are neither params "
                           f"nor bound dims{closest(sorted(missing)[0], ctx)}")
     try:
-        return _compiled(text)(**ctx)
+        value = _compiled(text)(**ctx)
     except Exception as e:  # the expression is user input: any failure is the contract's fault
-        raise KernelError(f"{where}: cannot evaluate {text!r}: {e}") from None
+        raise KernelError(f"{where}: cannot evaluate {text!r}: {type(e).__name__}: {e}") from None
+    if (undefined := _undefined_in(value)) is not None:  # else int(value) raises jinja2's error later
+        raise KernelError(f"{where}: {text!r} is undefined: {undefined._undefined_message}")
+    return value
 
 
 def _truthy(when: str | None, ctx: Mapping[str, Any], where: str) -> bool:

@@ -5,7 +5,8 @@ a CPU-only build machine compiles for any SM NVRTC supports. One compile with `-
 both the cubin and the PTX: that PTX targets sm_XX, i.e. it is compute_XX PTX (byte-identical to a
 `-arch=compute_XX` compile), which the driver JIT-compiles on newer GPUs.
 `cuda_fp16.h` comes from the headers bundled in NVRTC (13.x: `--use-bundled-headers`), else from
-the CUDA headers cuda.pathfinder finds.
+the CUDA headers cuda.pathfinder finds. A kernel includes only its contract's headers (in memory, in
+the cache key) and CUDA's by <name>: check_includes refuses anything else before NVRTC reads it.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .._optional import lazy_import
 from ..errors import KernelCompileError, KernelError, MissingDependency
 from ..files import atomic_write
 from .cache import KernelCache, key_of
+from .includes import check_includes, check_options
 from .render import KernelSource, render_kernel
 
 log = logging.getLogger("deepjit.nvrtc")
@@ -218,6 +220,8 @@ def compile_source(source: KernelSource, sm: int, options: CompileOptions = Comp
         major, minor = nvrtc_version()
         raise KernelError(f"NVRTC {major}.{minor} cannot target sm_{sm}; supported: "
                           f"{', '.join(f'sm_{s}' for s in supported_sms())}")
+    check_includes(source, contract_path)
+    check_options(options.extra, source, contract_path)
     include, _ = cuda_headers()
     flags = options.flags(sm) + include
     prog = _check(nvrtc.nvrtcCreateProgram(source.code.encode(), source.filename.encode(), len(source.headers),
@@ -271,6 +275,8 @@ def cache_key(source: KernelSource, sm: int, options: CompileOptions) -> str:
 def compile_cached(source: KernelSource, sm: int, options: CompileOptions = CompileOptions(), *,
                    cache: KernelCache | None = None, contract_path: str = "") -> CompiledKernel:
     """compile_source through the on-disk cache: a hit runs no NVRTC."""
+    check_includes(source, contract_path)  # also before a lookup: a hit must not serve what a compile refuses
+    check_options(options.extra, source, contract_path)
     cache = cache or KernelCache()
     key = cache_key(source, sm, options)
     entry = cache.get(key)

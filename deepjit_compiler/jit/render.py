@@ -20,11 +20,11 @@ import jinja2
 import jinja2.ext
 import numpy as np
 from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..config import data_dir
 from ..errors import KernelError, closest
-from .contracts import Contract, entry_symbols, load_contract, resolve_params
+from .contracts import Contract, contract_file, entry_symbols, load_contract, resolve_params
+from .expressions import BoundedSandbox
 
 log = logging.getLogger("deepjit.render")
 
@@ -65,14 +65,36 @@ def f32_literal(value: float) -> str:
     return f"{v.hex()}f /* {np.float32(v)} */"
 
 
+class _ContractLoader(jinja2.BaseLoader):
+    """Loads the template and what it includes, imports or extends through contracts.contract_file, so each
+    name is confined as the template and headers are: a relative path inside the contract's folder or
+    DeepJIT's templates, no link out of them (FileSystemLoader follows links anywhere)."""
+
+    def __init__(self, folders: tuple[str, ...], owner: str):
+        self.folders, self.owner = [Path(f) for f in folders], Path(owner)
+
+    def get_source(self, environment: jinja2.Environment, template: str):
+        path = contract_file(template, self.folders, "template include", self.owner)
+        mtime = path.stat().st_mtime
+        return path.read_text(encoding="utf-8"), str(path), lambda: _mtime(path) == mtime
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
 @lru_cache(maxsize=16)
-def environment(search_path: tuple[str, ...]) -> jinja2.Environment:
-    """The template environment for a search path (the contract's folder, then templates/). It is
-    Jinja's immutable sandbox: templates come from users and from pulled bundles, so one must not
-    reach Python (`cycler.__init__.__globals__`, attributes starting with '_') or change its params."""
-    env = ImmutableSandboxedEnvironment(loader=jinja2.FileSystemLoader(list(search_path)),
-                                        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                                        keep_trailing_newline=True, autoescape=False, extensions=[_LineMarks])
+def environment(search_path: tuple[str, ...], owner: str) -> jinja2.Environment:
+    """The template environment for a contract (`owner`, named in errors) and its search path (its
+    folder, then templates/). It is Jinja's immutable sandbox with `*` and `**` bounded: templates come
+    from users and from pulled bundles, so one must not reach Python (`cycler.__init__.__globals__`,
+    attributes starting with '_'), change its params, or exhaust memory."""
+    env = BoundedSandbox(loader=_ContractLoader(search_path, owner), undefined=jinja2.StrictUndefined,
+                         trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
+                         extensions=[_LineMarks])
     env.filters["f32"] = f32_literal
     return env
 
@@ -136,29 +158,33 @@ def _template_line(exc: BaseException, template: Path) -> int | None:
     return line
 
 
+def _render_error(e: Exception, contract: Contract, params: Mapping[str, Any]) -> KernelError:
+    """A template's failure as a KernelError at its file:line, the original message kept."""
+    if isinstance(e, jinja2.TemplateSyntaxError):
+        return KernelError(f"{e.filename or contract.template_path}:{e.lineno}: template syntax error: {e.message}")
+    where = f"{contract.template_path}:{_template_line(e, contract.template_path)}"
+    if isinstance(e, jinja2.UndefinedError):
+        missing = re.findall(r"'([^']+)' is undefined", str(e))
+        hint = closest(missing[0], params) if missing else ""
+        return KernelError(f"{where}: {e.message}{hint}; the template sees the params {', '.join(params)} "
+                           f"of {contract.path}")
+    if isinstance(e, SecurityError):
+        return KernelError(f"{where}: the template tried an unsafe operation ({e}); templates render in "
+                           "Jinja's sandbox: params, filters and plain expressions only")
+    if isinstance(e, (jinja2.TemplateError, KernelError)):  # KernelError: a filter's, or an include refused
+        return KernelError(f"{where}: {e}")
+    return KernelError(f"{where}: rendering the template of {contract.path} failed: {type(e).__name__}: {e}")
+
+
 def render(contract: Contract, params: Mapping[str, Any]) -> KernelSource:
     """Render a contract's template with resolved params (see contracts.resolve_params)."""
     search = (str(contract.template_path.parent), str(data_dir("templates")))
-    env = environment(search)
+    env = environment(search, str(contract.path))
     name = contract.template_path.name
     try:
-        template = env.get_template(name)
-        text = template.render(**params, contract_name=contract.name)
-    except jinja2.TemplateSyntaxError as e:
-        raise KernelError(f"{e.filename or contract.template_path}:{e.lineno}: template syntax error: {e.message}") from None
-    except jinja2.UndefinedError as e:
-        line = _template_line(e, contract.template_path)
-        missing = re.findall(r"'([^']+)' is undefined", str(e))
-        hint = closest(missing[0], params) if missing else ""
-        raise KernelError(f"{contract.template_path}:{line}: {e.message}{hint}; the template sees the params "
-                          f"{', '.join(params)} of {contract.path}") from None
-    except SecurityError as e:
-        line = _template_line(e, contract.template_path)
-        raise KernelError(f"{contract.template_path}:{line}: the template tried an unsafe operation ({e}); "
-                          "templates render in Jinja's sandbox: params, filters and plain expressions only") from None
-    except (jinja2.TemplateError, KernelError) as e:  # KernelError: a filter's (f32 of a non-finite param)
-        line = _template_line(e, contract.template_path)
-        raise KernelError(f"{contract.template_path}:{line}: {e}") from None
+        text = env.get_template(name).render(**params, contract_name=contract.name)
+    except Exception as e:  # the template is user input: any failure is its fault (exit 2), not DeepJIT's bug
+        raise _render_error(e, contract, params) from None
     code, origin = _strip_marks(text)
     headers = tuple((p.name, p.read_text(encoding="utf-8")) for p in contract.header_paths)
     files = tuple(env.deepjit_files)  # type: ignore[attr-defined]

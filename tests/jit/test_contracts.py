@@ -373,3 +373,39 @@ def test_every_declared_host_arg_has_its_host_function():
     values = launch.host_values(load_contract("letterbox"), {"size": 640}, {"H": 48, "W": 64})
     assert (values["new_w"], values["new_h"], values["left"], values["top"]) == (640, 480, 0, 80)
     assert launch.host_values(load_contract("nms"), {}, {}) == {}
+
+
+# --- hostile expressions ------------------------------------------------------------------------
+
+
+def _hostile(tmp_path, workspace: str = "0", name: str = "x"):
+    """A user's contract whose workspace expression and input name are `workspace` and `name`."""
+    (tmp_path / "h.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
+    (tmp_path / "h.yaml").write_text(textwrap.dedent(f"""\
+        name: h
+        template: h.cu.j2
+        workspace: {workspace!r}
+        inputs: [{{name: {name!r}, dtype: float32, shape: [4]}}]
+        entry_points: [{{name: k, symbol: k, block: [1], grid: [1], args: []}}]
+        """))
+    return load_contract(str(tmp_path / "h.yaml"))
+
+
+@pytest.mark.parametrize("expr, message", [
+    ("ceil_div.__code__", r"'ceil_div.__code__' is undefined: access to attribute '__code__' of 'function' object"),
+    ("[1, ceil_div.__globals__]", r"is undefined: access to attribute '__globals__'"),
+    ("len('a' * 5000000)", r"OverflowError: repeating a str of 1 items 5000000 times"),
+    ("len([0] * 5000000)", r"OverflowError: repeating a list of 1 items 5000000 times"),
+    ("2 ** 5000", r"OverflowError: 2 \*\* 5000 has more than 4096 bits"),
+])
+def test_a_hostile_expression_is_a_kernel_error_naming_the_file_and_field(tmp_path, expr, message):
+    """The sandbox's unsafe-attribute Undefined and oversized results are the contract's fault (exit 2)."""
+    c = _hostile(tmp_path, workspace=expr)
+    with pytest.raises(KernelError, match=r"h\.yaml: workspace: .*" + message):
+        workspace_bytes(c, {}, {})
+
+
+def test_a_hostile_template_string_is_a_kernel_error_naming_the_file_and_field(tmp_path):
+    c = _hostile(tmp_path, name="x{{ range(10**6) | list | length }}")
+    with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]\.name: cannot expand .*OverflowError: Range too big"):
+        signature(c, {})

@@ -261,3 +261,58 @@ def test_the_twin_of_a_fused_decode_compiles(tmp_path):
     fused = {"mode": "nms", "block": 1024, "chunk": 512, "anchors_per_thread": 1, "lanes_per_anchor": 4}
     k = compile_site_kernel("yolov8_decode", {**fused, **twin}, FACTS, sm=90, cache_dir=tmp_path)
     assert k.entries == (("decode", "deepjit_yolov8_decode_output0<float, 1>"),)
+
+
+def _including(folder: Path, include: str) -> str:
+    """A user's contract whose kernel reads LEAK from what `include` names; its own header mine.cuh."""
+    (folder / "secret.h").write_text('#define LEAK "TOP-SECRET"\n')
+    (folder / "mine.cuh").write_text("#include <cuda_fp16.h>\n")
+    (folder / "k.cu.j2").write_text(f'#include "mine.cuh"\n{include}\n__device__ const char leaked[] = LEAK;\n'
+                                    'extern "C" __global__ void k(char* o) { o[0] = leaked[threadIdx.x]; }\n')
+    (folder / "k.yaml").write_text("name: k\ntemplate: k.cu.j2\nheaders: [mine.cuh]\n"
+                                   "entry_points: [{name: k, symbol: k, block: [1], grid: [1], args: []}]\n")
+    return str(folder / "k.yaml")
+
+
+@pytest.mark.parametrize("include, why", [
+    ('#include "{secret}"', "not one of the contract's `headers:`"),             # an absolute path
+    ('#include "../k/secret.h"', "not one of the contract's `headers:`"),        # out of the folder
+    ('#include "secret.h"', "not one of the contract's `headers:`"),             # NVRTC looks in the working dir
+    ("#include <{secret}>", "no absolute path, no '..'"),
+    ("#include <../../../../../../../..{secret}>", "no absolute path, no '..'"),
+    ('#define H "{secret}"\n#include H', "only a plain #include"),              # a computed include
+    ('#/* a comment */include "{secret}"', "only a plain #include"),
+    ('#inc\\\nlude "{secret}"', "not one of the contract's `headers:`"),          # a line splice
+    ('%:include "{secret}"', "not one of the contract's `headers:`"),             # the digraph of '#'
+    ('#if __has_include("{secret}")\n#endif\n#define LEAK "x"', "only a plain #include"),
+])
+def test_kernel_code_includes_only_its_headers_and_cudas(tmp_path, monkeypatch, include, why):
+    """NVRTC would read any other file into the PTX (not in the cache key): refused before it runs."""
+    folder = tmp_path / "k"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    path = _including(folder, include.format(secret=folder / "secret.h"))
+    before = nvrtc.stats.compiles
+    where = re.escape(str(folder / "k.cu.j2"))
+    with pytest.raises(KernelError, match=rf"k\.yaml: kernel 'k' includes .* at {where}:[23]: .*{re.escape(why)}") as e:
+        compile_site_kernel(path, {}, sm=75, cache_dir=tmp_path / "cache")
+    assert nvrtc.stats.compiles == before and "TOP-SECRET" not in str(e.value)
+    assert type(e.value) is KernelError and e.value.exit_code == 2
+
+
+def test_a_declared_header_may_include_only_declared_and_cuda_headers(tmp_path, monkeypatch):
+    path = _including(tmp_path, "#define LEAK \"ok\"")
+    assert compile_site_kernel(path, {}, sm=75, cache_dir=tmp_path / "cache").cubin  # <cuda_fp16.h> and mine.cuh
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.cuh").write_text('#include "secret.h"\n')
+    with pytest.raises(KernelError, match=r"k\.yaml: kernel 'k' includes \"secret\.h\" at mine\.cuh:1: "):
+        compile_site_kernel(path, {}, sm=75, cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("option", ["-I/etc", "--include-path=/etc", "--pre-include=/etc/passwd", "-include x.h",
+                                    "--use-pch=x", "-MD", "--dependency-output=/tmp/x.d", "--time=/tmp/t.csv",
+                                    "--fdevice-time-trace=/tmp/trace.json"])
+def test_options_cannot_add_files_to_what_nvrtc_reads(option):
+    _, src = render_kernel("letterbox", {}, {})
+    with pytest.raises(KernelError, match=rf"compile option '{re.escape(option)}' is not allowed"):
+        compile_source(src, 75, CompileOptions(extra=(option,)))

@@ -125,3 +125,37 @@ def test_a_contract_reaches_only_its_own_folder(tmp_path, fields, message):
     with pytest.raises(KernelError, match=message) as e:
         render_kernel(_contract(folder, "extern \"C\" __global__ void k() {}\n", **fields), {})
     assert "SECRET" not in str(e.value) and "root:" not in str(e.value)
+
+
+@pytest.mark.parametrize("include, message", [
+    ("link.cuh", r"t\.yaml: template include 'link\.cuh' is a link out of"),
+    ("../outside.cu.j2", r"t\.yaml: template include '\.\./outside\.cu\.j2' must be a relative path inside"),
+])
+def test_a_template_includes_only_from_its_own_folder(tmp_path, include, message):
+    """Jinja's FileSystemLoader follows links: an {% include %} is confined as the template and headers are."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (tmp_path / "outside.cu.j2").write_text("SECRET-CONTENT\n")
+    (folder / "link.cuh").symlink_to(tmp_path / "outside.cu.j2")
+    with pytest.raises(KernelError, match=r"t\.cu\.j2:2: .*" + message) as e:
+        render_kernel(_contract(folder, "// a kernel\n{% include '" + include + "' %}\n"), {})
+    assert "SECRET" not in str(e.value)
+
+
+def test_a_template_includes_files_of_its_folder_and_deepjits_templates(tmp_path):
+    (tmp_path / "part.cuh").write_text("// my part\n")
+    _, src = render_kernel(_contract(tmp_path, "{% include 'part.cuh' %}\n{% include 'deepjit_common.cuh' %}\n"), {})
+    assert "// my part" in src.code and "#include <cuda_fp16.h>" in src.code
+
+
+@pytest.mark.parametrize("source, message", [
+    ("{% for i in range(10**6) %}{% endfor %}\n", r"OverflowError: Range too big"),
+    ("{{ 'a' * 5000000 }}\n", r"OverflowError: repeating a str of 1 items 5000000 times .* the sandbox refuses it"),
+    ("{{ 2 ** 5000 }}\n", r"OverflowError: 2 \*\* 5000 has more than 4096 bits"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}\n", r"RecursionError"),
+])
+def test_a_hostile_template_is_a_kernel_error_naming_its_files(tmp_path, source, message):
+    """Any failure of a user's template is bad input (exit 2), not a DeepJIT bug (exit 3)."""
+    path = _contract(tmp_path, source)
+    with pytest.raises(KernelError, match=rf"t\.cu\.j2:1: rendering the template of .*t\.yaml failed: {message}"):
+        render_kernel(path, {})
