@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
+import logging
+import os
 import shutil
 import textwrap
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -122,6 +126,7 @@ def test_corrupt_entries_are_misses_and_rebuilt(tiny, tmp_path, damage, monkeypa
     elif damage == "written by another user":  # a shared cache: their entry, signed with their secret
         with monkeypatch.context() as them:
             (tmp_path / "their.key").write_bytes(b"k" * 32)
+            (tmp_path / "their.key").chmod(0o600)  # a key others could read is refused
             them.setenv("DEEPJIT_CACHE_KEY_FILE", str(tmp_path / "their.key"))
             compile_cached(src, 75, cache=KernelCache(tmp_path / "theirs"))
         shutil.rmtree(folder)
@@ -230,3 +235,155 @@ def test_a_bad_kernel_cache_bound_is_a_named_error(tiny, tmp_path, monkeypatch):
     with pytest.raises(DeepJITError, match=r"\$DEEPJIT_KERNEL_CACHE_MB is '-1': a number of megabytes above 0"):
         compile_cached(source(tiny, scale=5.0), 75, cache=KernelCache(tmp_path))
     assert not list(tmp_path.glob("??/*/meta.json"))  # refused before it compiled or wrote anything
+
+
+# ---------------------------------------------------------------------------- the key file and planted entries
+KEY = "ab" * 32
+
+
+@pytest.fixture
+def key_file(tmp_path, monkeypatch) -> Path:
+    """This test's own cache secret (32 bytes, mode 0600), so a record can be signed by hand."""
+    path = tmp_path / "config" / "cache.key"
+    path.parent.mkdir()
+    path.write_bytes(b"s" * 32)
+    path.chmod(0o600)
+    monkeypatch.setenv("DEEPJIT_CACHE_KEY_FILE", str(path))
+    return path
+
+
+def _plant(root: Path, record: dict, secret: bytes | None = None, key: str = KEY) -> Path:
+    """Write meta.json for `key` by hand, signed with `secret` (as DeepJIT signs) if given."""
+    folder = KernelCache(root).folder(key)
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"cache_format": cache_mod.FORMAT, "key": key, **record}
+    if secret is not None:
+        record["mac"] = hmac.new(secret, json.dumps(record, sort_keys=True).encode(), hashlib.sha256).hexdigest()
+    (folder / "meta.json").write_text(json.dumps(record))
+    return folder
+
+
+def _get_within(cache: KernelCache, key: str, fifos: list[Path], seconds: float = 5.0):
+    """cache.get(key) on a thread: (returned, still blocked). A get stuck opening a FIFO is then released
+    by opening its write end, so the test ends either way."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(cache.get(key)), daemon=True)
+    t.start()
+    t.join(seconds)
+    blocked = t.is_alive()
+    for fifo in fifos:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # EOF for a reader waiting on it
+        except OSError:
+            pass  # no reader: nothing waits
+    t.join(seconds)
+    return (out[0] if out else None), blocked
+
+
+def test_an_empty_key_file_left_by_an_interrupted_first_run_signs_nothing(tmp_path, key_file):
+    """An older DeepJIT killed between creating the key file and writing it left b"": an entry signed
+    with the empty key must not be trusted, and the key is replaced by a whole one."""
+    key_file.write_bytes(b"")
+    folder = _plant(tmp_path, {"blobs": {"cubin": hashlib.sha256(b"evil").hexdigest()}}, secret=b"")
+    (folder / "cubin").write_bytes(b"evil")
+    assert KernelCache(tmp_path).get(KEY) is None
+    assert len(key_file.read_bytes()) == 32 and key_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_key_file_is_never_seen_half_written(tmp_path, monkeypatch):
+    """A second process reading the key while the first writes it finds none (and makes its own, which
+    both then use), never an empty one; a first run killed mid-write leaves no key file."""
+    path = tmp_path / "config" / "cache.key"
+    monkeypatch.setenv("DEEPJIT_CACHE_KEY_FILE", str(path))
+    real_urandom, seen = os.urandom, []
+
+    def urandom_with_a_reader_meanwhile(n):
+        if not seen:
+            seen.append(None)
+            seen[0] = cache_mod._secret()  # the other process, between creating and writing
+        return real_urandom(n)
+
+    monkeypatch.setattr(os, "urandom", urandom_with_a_reader_meanwhile)
+    first = cache_mod._secret()
+    assert len(seen[0]) == 32 and first == seen[0] == path.read_bytes()
+
+    path.unlink()
+
+    def killed(n):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "urandom", killed)
+    with pytest.raises(KeyboardInterrupt):
+        cache_mod._secret()
+    assert not path.exists() and not list(path.parent.iterdir())  # nor its temp file
+
+
+@pytest.mark.parametrize("problem", ["group and others can read it", "group can write it", "another user owns it",
+                                     "it is short and others can read it"])
+def test_a_key_file_others_could_know_or_set_turns_signing_off(tmp_path, key_file, monkeypatch, caplog, problem):
+    """Every get is a miss (even of an entry signed with that key), put writes nothing, one warning."""
+    if problem == "another user owns it":
+        monkeypatch.setattr(os, "getuid", lambda: os.stat(key_file).st_uid + 1)
+    if problem == "it is short and others can read it":  # not ours alone: refused, not replaced
+        key_file.write_bytes(b"s" * 8)
+    key_file.chmod({"group can write it": 0o620, "another user owns it": 0o600}.get(problem, 0o644))
+    secret = key_file.read_bytes()
+    folder = _plant(tmp_path, {"blobs": {"cubin": hashlib.sha256(b"x").hexdigest()}}, secret=secret)
+    (folder / "cubin").write_bytes(b"x")
+    caplog.set_level(logging.WARNING, "deepjit.cache")
+    cache = KernelCache(tmp_path / "c", cache_mod.CacheStats())
+    assert KernelCache(tmp_path).get(KEY) is None
+    cache.put(KEY, {"cubin": b"x"}, {})
+    assert cache.get(KEY) is None and not (tmp_path / "c").exists()
+    assert cache.counters.writes == 0 and cache.counters.misses == 1 and cache.counters.hits == 0
+    assert key_file.read_bytes() == secret  # left for the user to fix
+    assert caplog.text.count(f"not using the cache key file {key_file}") == 1
+
+
+@pytest.mark.parametrize("plant", ["meta.json is a FIFO", "an unsigned record names a FIFO outside",
+                                   "a signed record's blob is a symlink to a FIFO", "an unsigned record's MAC is not ASCII"])
+def test_get_opens_nothing_an_unchecked_record_names(tmp_path, key_file, plant):
+    """The record's MAC is checked before any file it names is opened, and only regular files are read:
+    a planted entry in a shared cache cannot make get read outside it, hang on a FIFO or fail."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    folder = KernelCache(tmp_path / "c").folder(KEY)
+    if plant == "meta.json is a FIFO":
+        folder.mkdir(parents=True)
+        os.mkfifo(folder / "meta.json")
+    elif plant == "an unsigned record names a FIFO outside":
+        _plant(tmp_path / "c", {"blobs": {"../../../fifo": "0" * 64}, "mac": "0" * 64})
+    elif plant == "a signed record's blob is a symlink to a FIFO":
+        folder = _plant(tmp_path / "c", {"blobs": {"cubin": "0" * 64}}, secret=key_file.read_bytes())
+        (folder / "cubin").symlink_to(fifo)
+    else:
+        _plant(tmp_path / "c", {"blobs": {}, "mac": "\u00e9" * 64})
+    cache = KernelCache(tmp_path / "c", cache_mod.CacheStats())
+    found, blocked = _get_within(cache, KEY, [fifo, folder / "meta.json"])
+    assert not blocked and found is None and cache.counters.misses == 1
+
+
+@pytest.mark.parametrize("name", ["../../../outside", "ABSOLUTE", "meta.json", "..", "sub/cubin", "sub\\cubin"])
+def test_a_signed_record_names_only_plain_files_in_its_entry(tmp_path, key_file, name):
+    """Even a record this user's key signed (a bug, or a key that leaked) reads and prunes nothing outside
+    its entry folder."""
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"secret data")
+    name = str(outside) if name == "ABSOLUTE" else name
+    _plant(tmp_path / "c", {"blobs": {name: hashlib.sha256(b"secret data").hexdigest()}}, secret=key_file.read_bytes())
+    cache = KernelCache(tmp_path / "c", cache_mod.CacheStats())
+    assert cache.get(KEY) is None and cache.counters.corrupt == 1
+    cache.prune(0)
+    assert outside.read_bytes() == b"secret data"
+
+
+def test_a_signed_record_whose_blob_is_a_symlink_is_not_followed(tmp_path, key_file):
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"cubin bytes")
+    folder = _plant(tmp_path / "c", {"blobs": {"cubin": hashlib.sha256(b"cubin bytes").hexdigest()}},
+                    secret=key_file.read_bytes())
+    (folder / "cubin").symlink_to(outside)
+    cache = KernelCache(tmp_path / "c", cache_mod.CacheStats())
+    assert cache.get(KEY) is None and cache.counters.corrupt == 1
+    cache.put(KEY, {"cubin": b"cubin bytes"}, {})  # a rebuild replaces the link with the file
+    assert cache.get(KEY)[1] == {"cubin": b"cubin bytes"} and not (folder / "cubin").is_symlink()
