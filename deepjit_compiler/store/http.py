@@ -47,12 +47,3 @@ class RegistrySession(oras.provider.Registry):
 
 
 _UNRETRIED_REQUEST = oras.provider.Registry.do_request.__wrapped__
-
-
-def realm_host(challenge: str) -> str | None:
-    """The host of a Bearer challenge's token realm (where a token client sends its credentials)."""
-    for part in challenge.split(","):
-        key, _, value = part.strip().partition("=")
-        if key.lower().endswith("realm"):
-            return urllib.parse.urlsplit(value.strip().strip('"')).hostname
-    return None

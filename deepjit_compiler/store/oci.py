@@ -10,8 +10,10 @@ A bundle is one OCI artifact manifest:
 The manifest is serialised canonically, so one bundle always gets one manifest digest.
 Plain http is used for 127.0.0.1, localhost and ::1, https elsewhere. Credentials come from
 DEEPJIT_REGISTRY_USER / DEEPJIT_REGISTRY_PASSWORD, else from the Docker config file
-(~/.docker/config.json: auths, credsStore, credHelpers) through oras; never from the spec, and
-they are scrubbed from every message this module raises or logs.
+(~/.docker/config.json: auths, credsStore, credHelpers) through oras; never from the spec or oras's
+own ORAS_USER / ORAS_PASS, and they are scrubbed from every message this module raises or logs.
+They go only to the registry's origin (store/auth.py): redirects, upload locations and token
+realms elsewhere are followed without them, and a tag list continuing on another host is refused.
 
 Concurrency: the registry API has no compare-and-swap on tags. A push reads the tag first
 (refusing other content unless forced), uploads blobs before the manifest (so a tag only ever
@@ -43,7 +45,8 @@ from ..bundle.manifest import canonical_json
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import output_lock, staging_dir
-from .http import Deadline, RegistrySession, realm_host
+from .auth import Origin, PinnedCredentials, origin, realm_url, show
+from .http import RegistrySession
 from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag, level_statuses
 
 log = logging.getLogger("deepjit.store")
@@ -88,6 +91,9 @@ class OciStore(Store):
         hostname = host.split("]")[0] + "]" if host.startswith("[") else host.rsplit(":", 1)[0]
         self.insecure = hostname in _LOOPBACK
         self._base = f"{'http' if self.insecure else 'https'}://{host}"
+        self._origin = origin(self._base)
+        if self._origin is None:  # credentials are pinned to this origin: it must parse
+            raise StoreError(f"{self.url}: '{host}' has no valid port (1 to 65535)")
         self._reg: oras.provider.Registry | None = None
         self._secrets: tuple[str, ...] = ()
         self._container = self._make_container()
@@ -114,8 +120,8 @@ class OciStore(Store):
             self._reg = self._connect()
         return self._reg
 
-    def _session(self, session: requests.Session) -> requests.Session:
-        adapter = Deadline(self.host, config.registry_timeout_s(), config.registry_deadline_s())
+    def _session(self, session: requests.Session, origins: frozenset[Origin]) -> requests.Session:
+        adapter = PinnedCredentials(self.host, config.registry_timeout_s(), config.registry_deadline_s(), origins)
         for scheme in ("http://", "https://"):
             session.mount(scheme, adapter)
         return session
@@ -139,7 +145,7 @@ class OciStore(Store):
     def _connect(self) -> oras.provider.Registry:
         """Ping /v2/ once (fast failure, and it tells Basic from Bearer auth), then set up oras."""
         try:
-            ping = self._session(requests.Session()).get(f"{self._base}/v2/")
+            ping = self._session(requests.Session(), frozenset({self._origin})).get(f"{self._base}/v2/")
         except requests.RequestException as e:
             raise StoreError(f"{self.url}: cannot reach the registry at {self._base} ({type(e).__name__})") from None
         if ping.status_code not in (200, 401):
@@ -147,12 +153,15 @@ class OciStore(Store):
         challenge = ping.headers.get("WWW-Authenticate", "")
         basic = challenge.lower().startswith("basic")
         reg = RegistrySession(hostname=self.host, insecure=self.insecure, auth_backend="basic" if basic else "token")
-        self._session(reg.session)
-        realm = None if basic else realm_host(challenge)
-        hostname = urllib.parse.urlsplit(self._base).hostname
-        if realm is not None and realm != hostname:
-            # A token client sends its credentials to the realm: only to the registry's own host.
-            log.warning("%s: the registry sends token requests to %s: no credentials go there", self.url, realm)
+        # oras's BasicAuth takes ORAS_USER/ORAS_PASS from the environment for whatever host it talks to.
+        vars(reg.auth).pop("_basic_auth", None)
+        realm = self._origin if basic else origin(realm_url(challenge, self._origin[0]) or self._base)
+        # A token client sends its credentials to the realm: only to the registry's own host and
+        # scheme (a token server beside it on another port is trusted: the registry names it).
+        nearby = realm is not None and realm[:2] == self._origin[:2]
+        self._session(reg.session, frozenset({self._origin, realm} if nearby else {self._origin}))
+        if not nearby:
+            log.warning("%s: the registry sends token requests to %s: no credentials go there", self.url, show(realm))
             return reg
         env = self._env_credentials()
         if env is not None:
@@ -288,8 +297,17 @@ class OciStore(Store):
                 raise StoreError(f"{self.url}: the registry's tag list is not a list of tags; refused")
             tags += page
             nxt = r.links.get("next", {}).get("url")
-            url = urllib.parse.urljoin(url, nxt) if nxt else ""
+            url = self._next_page(url, nxt) if nxt else ""
         return sorted(tags)
+
+    def _next_page(self, url: str, link: str) -> str:
+        """The next page of the tag list, which must stay on the registry: the session would follow
+        it without credentials, but a listing that another host completes is not this repository's."""
+        nxt = urllib.parse.urljoin(url, link)
+        if origin(nxt) != self._origin:
+            raise StoreError(f"{self.url}: the registry's tag list continues on another host "
+                             f"({show(origin(nxt))}); refused")
+        return nxt
 
     # ------------------------------------------------------------------------ verbs
     def push(self, bundle: Path | BundleView, tag: str, *, force: bool = False) -> PushResult:

@@ -303,6 +303,135 @@ def test_no_credentials_go_to_a_token_realm_on_another_host(tmp_path, monkeypatc
     assert not any("Authorization" in h for h in registry.headers_seen())
 
 
+# A second host on loopback: the fake servers listen on 127.0.0.1, and "localhost" is another host
+# name (another origin) for the same machine: where a hostile registry sends the client next.
+ENCODED = base64.b64encode(f"deepjit:{SECRET}".encode()).decode()
+
+
+def elsewhere(server) -> str:
+    return server.host.replace("127.0.0.1", "localhost")
+
+
+def credentials_for(monkeypatch, host: str) -> None:
+    monkeypatch.setenv(USER_ENV, "deepjit")
+    monkeypatch.setenv(PASSWORD_ENV, SECRET)
+    monkeypatch.setenv(HOST_ENV, host)
+
+
+def authorized(server) -> list[str]:
+    """The requests that reached `server` with an Authorization header."""
+    return [path for _, path, h in server.requests if any(k.lower() == "authorization" for k in h)]
+
+
+def basic_registry(routes):
+    """A registry that wants Basic deepjit:SECRET, then answers as `routes(method, path)` says."""
+    def answer(method, path, headers):
+        if headers.get("Authorization") != f"Basic {ENCODED}":
+            return basic_challenge(method, path, headers)
+        return routes(method, path)
+    return answer
+
+
+def test_ls_follows_next_pages_on_the_registry_only(tmp_path, monkeypatch):
+    def tags(*names):
+        return json.dumps({"tags": list(names)}).encode()
+
+    with fake_registry(basic_challenge) as other:
+        def routes(method, path):
+            if path.endswith("/tags/list"):
+                return 200, {"Link": '</v2/t/x/tags/list?last=a>; rel="next"'}, tags("a")
+            if path.endswith("?last=a"):
+                return 200, {"Link": f'<http://{elsewhere(other)}/v2/t/x/tags/list?last=b>; rel="next"'}, tags("b")
+            return 404, {}, b"{}"
+
+        with fake_registry(basic_registry(routes)) as registry:
+            credentials_for(monkeypatch, registry.host)
+            with pytest.raises(StoreError, match=rf"tag list continues on another host \(http://{elsewhere(other)}\)"):
+                store.ls(f"oci://{registry.host}/t/x")
+    assert "/v2/t/x/tags/list?last=a" in authorized(registry)  # a relative link is followed, credentials and all
+    assert other.requests == []
+
+
+def test_push_uploads_to_a_location_on_another_host_without_credentials(tmp_path, monkeypatch):
+    with fake_registry(basic_challenge) as storage:
+        def routes(method, path):
+            if method == "POST" and "/blobs/uploads/" in path:
+                return 202, {"Location": f"http://{elsewhere(storage)}/upload/1"}, b""
+            return 404, {}, b"{}"  # no tag, no blob yet
+
+        with fake_registry(basic_registry(routes)) as registry:
+            credentials_for(monkeypatch, registry.host)
+            with pytest.raises(StoreError, match="uploading blob .*HTTP 401") as e:
+                store.push(make_bundle(tmp_path / "a", 150).path, f"oci://{registry.host}/t/x:v1")
+    assert any(path.startswith("/upload/1") for _, path, _ in storage.requests)
+    assert authorized(storage) == [] and SECRET not in str(e.value)
+
+
+def token_registry(me: dict, manifest: bytes, storage: str):
+    """A token-auth registry whose realm is itself; its blobs redirect to `storage`, another host."""
+    def answer(method, path, headers):
+        if path.startswith("/token"):
+            return 200, {"Content-Type": "application/json"}, b'{"token": "tok-1"}'
+        if headers.get("Authorization") != "Bearer tok-1":
+            return 401, {"WWW-Authenticate": f'Bearer realm="http://{me["host"]}/token",service="fake"'}, b"{}"
+        if "/manifests/" in path:
+            return 200, {"Content-Type": OCI_MANIFEST}, manifest
+        if "/blobs/" in path:
+            return 307, {"Location": f"http://{storage}/storage/{path.rsplit('/', 1)[1]}"}, b""
+        return 200, {}, b"{}"
+    return answer
+
+
+@pytest.mark.parametrize("storage_says", ["here", "log in"])
+def test_pull_follows_blob_redirects_to_another_host_without_credentials(tmp_path, monkeypatch, storage_says):
+    """Blob storage on another host is normal; one that asks for a token from its own realm (when
+    oras renews its token) must get none of the registry's credentials."""
+    info = make_bundle(tmp_path / "b", 151)
+    blobs = {f"sha256:{hashlib.sha256(data).hexdigest()}": data
+             for data in ((info.path / "manifest.json").read_bytes(), info.archive.read_bytes())}
+    config, layer = ({"mediaType": m, "digest": d, "size": len(blobs[d])}
+                     for m, d in zip((CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE), blobs))
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
+                           "config": config, "layers": [layer], "annotations": {ANN_DIGEST: info.digest}}).encode()
+
+    def storage_answer(method, path, headers):
+        if storage_says == "here":
+            return 200, {}, blobs[path.rsplit("/", 1)[1]]
+        return 403, {"WWW-Authenticate": f'Bearer realm="http://{elsewhere(storage)}/token",service="s"'}, b"{}"
+
+    me: dict = {}
+    with fake_registry(storage_answer) as storage, \
+            fake_registry(token_registry(me, manifest, elsewhere(storage))) as registry:
+        me["host"] = registry.host
+        credentials_for(monkeypatch, registry.host)
+        if storage_says == "here":
+            assert read_bundle(store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")).digest == info.digest
+        else:
+            with pytest.raises(StoreError, match="downloading blob"):
+                store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
+    assert any(h.get("Authorization") == f"Basic {ENCODED}" for _, p, h in registry.requests if p.startswith("/token"))
+    assert storage.requests and authorized(storage) == []
+
+
+def test_a_token_realm_without_a_scheme_is_judged_by_its_host(tmp_path, monkeypatch):
+    """oras prefixes a realm that has no scheme: `localhost:PORT/token` is another host."""
+    with fake_registry(lambda method, path, headers: (200, {}, b'{"token": "t"}')) as realm:
+        challenge = {"WWW-Authenticate": f'Bearer realm="{elsewhere(realm)}/token",service="x"'}
+        with fake_registry(lambda method, path, headers: (401, challenge, b"{}")) as registry:
+            credentials_for(monkeypatch, registry.host)
+            with pytest.raises(StoreError):
+                store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
+    assert authorized(realm) == [] and authorized(registry) == []
+
+
+def test_orases_own_environment_credentials_are_not_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORAS_USER", "ci-bot")
+    monkeypatch.setenv("ORAS_PASS", SECRET)
+    with fake_registry(basic_challenge) as registry, pytest.raises(StoreError, match="asks for credentials"):
+        store.ls(f"oci://{registry.host}/t/x")
+    assert registry.requests and authorized(registry) == []
+
+
 @pytest.mark.parametrize("ref", [f"oci://deepjit:{SECRET}@127.0.0.1:5000/t/x:v1", f"oci://{SECRET}@127.0.0.1/t/x"])
 def test_a_password_inside_a_reference_is_refused_and_never_shown(ref, tmp_path):
     r = run_cli("pull", ref, str(tmp_path / "p"))
