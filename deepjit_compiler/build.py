@@ -17,7 +17,7 @@ from typing import Any
 import onnx
 
 from .bundle.contents import bundle_files, bundle_manifest
-from .bundle.folder import StagedBundle, check_replaceable
+from .bundle.folder import StagedBundle, check_archive_replaceable, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
 from .errors import GateFailed, KernelError, OutputError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
@@ -121,6 +121,8 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     # work, and again when the bundle and its report are put in place, atomically, at the end).
     with output_lock(spec.bundle.path), staging_dir(report_path(spec.bundle.path)) as stage:
         check_replaceable(spec.bundle.path)
+        if spec.bundle.archive:
+            check_archive_replaceable(spec.bundle.path)
         check_report_replaceable(report_path(spec.bundle.path))
         (report_dir := stage / "report").mkdir()
         _build(result, report_dir)

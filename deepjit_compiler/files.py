@@ -9,6 +9,7 @@ full, read-only) is an OutputError naming the path (exit 2), never a traceback.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import logging
 import os
@@ -146,8 +147,9 @@ def output_lock(dest: Path) -> Iterator[None]:
 
 def remove_leftovers(dest: Path) -> None:
     """Remove what interrupted DeepJIT writers of `dest` left beside it (call under its lock)."""
+    name = glob.escape(dest.name)  # an output named `*` must not match a user's `.bashrc.old-2019`
     for pattern in _LEFTOVERS:
-        for stale in dest.parent.glob(pattern.format(n=dest.name)):
+        for stale in dest.parent.glob(pattern.format(n=name)):
             log.info("removing %s, left by an interrupted run", stale)
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else \
                 stale.unlink(missing_ok=True)

@@ -9,12 +9,24 @@ from pathlib import Path
 
 from .bundle.contents import engine_path
 from .bundle.folder import BundleInfo, read_bundle, update_bundle
+from .bundle.view import BundleView
 from .engines import TENSORRT, materialize
 from .errors import BundleError
 from .validation.engine import plans_level
 from .validation.gate import GateReport
 
 log = logging.getLogger("deepjit.materialize")
+
+
+def _settings(view: BundleView) -> dict:
+    """The bundle's engine settings without a timing-cache path: TensorRT writes its cache there, and a
+    pulled bundle never picks a file on this machine to write (the user's `--timing-cache` only).
+    DeepJIT's own bundles carry none (engines.deferred_settings); one that does was made by hand."""
+    settings = dict(view.engine.settings)
+    if settings.get("timing_cache"):
+        log.warning("%s: ignoring its engine.settings.timing_cache %r: a bundle does not choose where files "
+                    "are written (pass --timing-cache to use one)", view.source, settings["timing_cache"])
+    return {**settings, "timing_cache": None}
 
 
 def materialize_bundle(bundle_path: Path, *, timing_cache: Path | None = None) -> tuple[BundleInfo, GateReport]:
@@ -33,7 +45,7 @@ def materialize_bundle(bundle_path: Path, *, timing_cache: Path | None = None) -
         if not onnx_files:
             raise BundleError(f"{bundle_path}: segment '{name}' carries no ONNX to build a plan from")
         segments[name] = view.file(onnx_files[0])
-    artifacts = materialize(segments, engine.settings, timing_cache=timing_cache)
+    artifacts = materialize(segments, _settings(view), timing_cache=timing_cache)
     report = GateReport.from_record(view.levels).with_levels(plans_level(view, view.spec(), artifacts))
     files = {engine_path(a.plan.file): a.files[a.plan.file] for a in artifacts.values()}
     plans = {name: [*(view.manifest["engine"].get("plans") or {}).get(name, ()),

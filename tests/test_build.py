@@ -300,3 +300,14 @@ def test_concurrent_builds_of_one_spec_all_succeed_with_the_same_bundle(write_sp
     digests = {json.loads(out)["bundle"]["digest"] for out, _ in results}
     assert len(digests) == 1 and read_bundle(tmp_path / "out/yolov8n_t4").digest in digests
     assert not [p.name for p in (tmp_path / "out").iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_a_users_file_at_the_archive_path_is_refused_before_any_work(write_spec, tmp_path):
+    (tmp_path / "out").mkdir()
+    theirs = tmp_path / "out/yolov8n_t4.tar.gz"
+    theirs.write_bytes(b"a user's own tarball")
+    r = run_cli("build", str(_spec(write_spec, **{"path: out/yolov8n_t4": "path: out/yolov8n_t4\n  archive: true"})))
+    assert r.returncode == 2, r.stderr
+    assert f"{theirs}: exists and is not a DeepJIT bundle archive; refusing to replace it" in r.stderr
+    assert theirs.read_bytes() == b"a user's own tarball"
+    assert not (tmp_path / "out/yolov8n_t4").exists() and "graph level" not in r.stderr  # refused before the work

@@ -2,11 +2,14 @@
 TensorRT-RTX plans; what it refuses. Building needs TensorRT and the target GPU (test_tensorrt_build.py)."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
+import deepjit_compiler.materialize as materialize_module
 from deepjit_compiler.bundle.folder import read_bundle, update_bundle
+from deepjit_compiler.bundle.manifest import manifest_bytes, manifest_digest
 from deepjit_compiler.engines import rtx_sms, tensorrt_importable
 from deepjit_compiler.errors import BundleError, MissingDependency
 from deepjit_compiler.materialize import materialize_bundle
@@ -37,3 +40,28 @@ def test_nothing_to_materialize(bundle):
                   {"engine": {**record, "deferred": False, "plans": {"segment": [trt_plan]}}})
     with pytest.raises(BundleError, match="every segment already has a TensorRT plan"):
         materialize_bundle(bundle)
+
+
+class _Built(Exception):
+    """Stops materialize where the engine build would start (needs TensorRT and the target GPU)."""
+
+
+@pytest.mark.parametrize("mine", [None, "mine.cache"])
+def test_a_bundle_never_chooses_where_the_timing_cache_is_written(bundle, tmp_path, monkeypatch, caplog, mine):
+    victim = tmp_path / "home" / ".bashrc"  # what a hostile publisher's bundle names, sealed by hand
+    path = bundle / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["engine"]["settings"]["timing_cache"] = str(victim)
+    manifest["digest"] = manifest_digest({k: v for k, v in manifest.items() if k != "digest"})
+    path.write_bytes(manifest_bytes(manifest))
+    seen = {}
+
+    def build(segments, settings, *, timing_cache=None):
+        seen.update(settings=settings["timing_cache"], argument=timing_cache)
+        raise _Built
+
+    monkeypatch.setattr(materialize_module, "materialize", build)
+    with pytest.raises(_Built):
+        materialize_bundle(bundle, timing_cache=mine and tmp_path / mine)
+    assert seen == {"settings": None, "argument": mine and tmp_path / mine}
+    assert "ignoring its engine.settings.timing_cache" in caplog.text

@@ -140,15 +140,36 @@ def archive_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".tar.gz")
 
 
-def _sealed(dest: Path, manifest: Mapping[str, Any]) -> tuple[dict[str, Any], Path]:
+def is_bundle_archive(tar_path: Path) -> bool:
+    """Whether `tar_path` is a regular file (not a symlink) holding a DeepJIT bundle's manifest: the
+    only kind of file at `<dest>.tar.gz` that DeepJIT replaces or removes."""
+    tar_path = Path(tar_path)
+    return tar_path.is_file() and not tar_path.is_symlink() and archived_manifest(tar_path) is not None
+
+
+def check_archive_replaceable(dest: Path) -> None:
+    """Refuse (BundleError) unless `<dest>.tar.gz` is absent or a DeepJIT bundle archive (any bundle's:
+    as with the folder, what DeepJIT wrote at its own output path is its to replace). A user's file, or
+    a symlink, there is never overwritten."""
+    tar_path = archive_path(dest)
+    if (tar_path.exists() or tar_path.is_symlink()) and not is_bundle_archive(tar_path):
+        kind = "is a symlink" if tar_path.is_symlink() else "exists and is not a DeepJIT bundle archive"
+        raise BundleError(f"{tar_path}: {kind}; refusing to replace it with the bundle's archive "
+                          "(move it away, choose another output, or build without an archive)")
+
+
+def _sealed(dest: Path, manifest: Mapping[str, Any], archive: bool) -> tuple[dict[str, Any], Path]:
     """The caller's manifest fields as written for the bundle at `dest`, and its archive path; refuses
-    DeepJIT's own fields, anything not plain JSON, and a `dest` that is not a bundle folder."""
+    DeepJIT's own fields, anything not plain JSON, a `dest` that is not a bundle folder and (when
+    `archive`) a `<dest>.tar.gz` that is not a bundle archive."""
     _refuse_own_fields(manifest)
     body = plain_manifest(manifest, dest)
     check_replaceable(dest)
     tar_path = archive_path(dest)
     if tar_path.is_dir():
         raise BundleError(f"{tar_path}: is a folder; the bundle archive needs that name")
+    if archive:
+        check_archive_replaceable(dest)
     return body, tar_path
 
 
@@ -184,13 +205,15 @@ class StagedBundle:
     def commit(self, dest: Path, manifest: Mapping[str, Any], *, archive: bool = True) -> BundleInfo:
         """Write manifest.json (and the archive), then rename the folder to `dest` and the archive to
         `<dest>.tar.gz`: each is whole or absent. An existing bundle at `dest` is replaced; any other
-        existing folder is refused. Without `archive`, a bundle archive an earlier commit left at
-        `<dest>.tar.gz` is removed (it would no longer match the folder); any other file there stays."""
+        existing folder is refused, and so is a file at `<dest>.tar.gz` that is not a bundle archive.
+        Without `archive`, a bundle archive at `<dest>.tar.gz` is removed, whichever bundle it holds:
+        it sits at this output's archive path, so left there it would pass for this bundle's archive
+        while no longer matching the folder (the same rule replaces any DeepJIT bundle at `dest`, not
+        only an earlier build of this one); any other file there stays."""
         dest = Path(dest)
         with output_lock(dest):
-            body, tar_path = _sealed(dest, manifest)
-            stale = not archive and tar_path.is_file() and not tar_path.is_symlink() and \
-                archived_manifest(tar_path) is not None
+            body, tar_path = _sealed(dest, manifest, archive)
+            stale = not archive and is_bundle_archive(tar_path)
             body.update(schema_version=SCHEMA_VERSION, files=self.listed)
             body["digest"] = manifest_digest(body)
             try:
@@ -229,7 +252,7 @@ def write_bundle(dest: Path, files: Mapping[str, bytes | Path], manifest: Mappin
 
     `manifest` holds the caller's JSON fields; `schema_version`, `files` and `digest` are added here
     (and refused from the caller). Returns the digest and the manifest as written."""
-    _sealed(Path(dest), manifest)  # refuse before copying anything
+    _sealed(Path(dest), manifest, archive)  # refuse before copying anything
     with StagedBundle(dest, files) as staged:
         return staged.commit(dest, manifest, archive=archive)
 
@@ -248,8 +271,8 @@ def update_bundle(path: Path, files: Mapping[str, bytes | Path],
     manifest.update(manifest_updates)
     merged: dict[str, bytes | Path] = {rel: bundle.root / rel for rel in bundle.files}
     merged.update(files)
-    if path.is_dir():  # its archive, if it has one, is rewritten with it
-        return write_bundle(path, merged, manifest, archive=archive_path(path).is_file())
+    if path.is_dir():  # its archive, if it has one, is rewritten with it (a user's file there stays)
+        return write_bundle(path, merged, manifest, archive=is_bundle_archive(archive_path(path)))
     with staging_dir(path) as stage:
         info = write_bundle(stage / "bundle", merged, manifest)
         os.replace(info.archive, path)

@@ -311,11 +311,25 @@ class BundleView:
         bundled = kernel.files.get("contract")
         bundled = bundled if bundled in self.files else None
         try:
-            return load_contract(str(self.file(bundled)) if bundled else kernel.contract)
+            return load_contract(self._contract_ref(kernel, bundled))
         except (KernelError, BundleError) as e:
             copy = f"its copy '{bundled}' in the bundle is unusable" if bundled else "the bundle carries no copy of it"
             raise BundleError(f"step '{kernel.step}': kernel contract '{kernel.contract}' cannot be loaded ({e}); "
                               f"{copy}: rebuild it with this DeepJIT") from None
+
+    def _contract_ref(self, kernel: KernelView, bundled: str | None) -> str:
+        """What load_contract gets: the bundle's copy, else a built-in contract by name. A manifest never
+        makes it read a path of this machine (absolute, or relative to the working folder): a path it
+        names must be one of the bundle's files."""
+        if bundled:
+            return str(self.file(bundled))
+        ref = kernel.contract
+        if ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref:  # what load_contract takes for a path
+            if ref not in self.files:
+                raise BundleError(f"manifest: '{ref}' is a path, not one of the bundle's files; a bundle's "
+                                  "contract loads only from its own files or by a built-in name")
+            return str(self.file(ref))
+        return ref
 
     def compiled(self, kernel: KernelView) -> CompiledKernel:
         """The kernel as it was compiled: its record and its binaries, read from the bundle."""

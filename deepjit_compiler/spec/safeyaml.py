@@ -2,9 +2,10 @@
 
 A spec is a few kilobytes; a hostile one must fail at once, not after minutes and gigabytes. So a
 document is refused past MAX_BYTES, past MAX_NODES nodes once its aliases are expanded (the "billion
-laughs" alias bomb composes small and expands to billions), past MAX_DEPTH levels of nesting, with a
-recursive alias, or with a key given twice in one mapping (which would otherwise silently keep the
-last). Each refusal names the file, line and column.
+laughs" alias bomb composes small and expands to billions), past MAX_DEPTH levels of nesting (checked
+as it is composed, and again with aliases expanded), with a recursive alias, or with a key given twice
+in one mapping (which would otherwise silently keep the last). Each refusal names the file, line and
+column.
 """
 from __future__ import annotations
 
@@ -40,39 +41,75 @@ def read_text(path: Path, error: type[Exception], what: str) -> str:
         raise error(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
+class _TooDeep(Exception):
+    """Where the composer stopped; load_yaml turns it into the caller's error type."""
+
+    def __init__(self, mark: yaml.Mark):
+        self.mark = mark
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader whose composer refuses nesting past MAX_DEPTH as it goes: PyYAML's composer
+    recurses once per level, so `[[[[...` thousands deep would hit Python's recursion limit before
+    `_check` ever sees the tree. Depth here counts like `_check` (the root is level 0)."""
+
+    _depth = -1
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _TooDeep(self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _too_deep(where: str, how: str = "") -> str:
+    return f"{where}: nested deeper than {MAX_DEPTH} levels{how}; refused"
+
+
 def _check(root: yaml.Node, path: Path, error: type[Exception]) -> None:
     """Expanded size, depth, recursion and duplicate keys, without expanding anything."""
-    sizes: dict[int, int] = {}
+    # node -> (nodes it expands to, levels below it): an alias reuses its anchor's node, so a node met
+    # again deeper down is checked from the memo (else chained aliases nest thousands deep).
+    seen_nodes: dict[int, tuple[int, int]] = {}
     active: set[int] = set()
 
-    def size(node: yaml.Node, depth: int) -> int:
-        if depth > MAX_DEPTH:
-            raise error(f"{_where(path, node)}: nested deeper than {MAX_DEPTH} levels; refused")
+    def size(node: yaml.Node, depth: int) -> tuple[int, int]:
         key = id(node)
-        if key in sizes:
-            return sizes[key]
+        if depth + seen_nodes.get(key, (0, 0))[1] > MAX_DEPTH:
+            raise error(_too_deep(_where(path, node), " once its aliases are expanded" if key in seen_nodes else ""))
+        if key in seen_nodes:
+            return seen_nodes[key]
         if key in active:
             raise error(f"{_where(path, node)}: a recursive alias; refused")
         active.add(key)
-        total = 1
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Node] = {}
-            for k, v in node.value:
-                if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE:
-                    if k.value in seen:
-                        raise error(f"{_where(path, k)}: key '{k.value}' is given twice in this mapping "
-                                    f"(first at line {seen[k.value].start_mark.line + 1}); give it once")
-                    seen[k.value] = k
-                total += size(k, depth + 1) + size(v, depth + 1)
-        elif isinstance(node, yaml.SequenceNode):
-            total += sum(size(v, depth + 1) for v in node.value)
+        below = [size(child, depth + 1) for child in _children(node, path, error)]
+        total, height = 1 + sum(t for t, _ in below), max((h + 1 for _, h in below), default=0)
         if total > MAX_NODES:
             raise error(f"{_where(path, node)}: expands to more than {MAX_NODES} nodes (aliases included); refused")
         active.discard(key)
-        sizes[key] = total
-        return total
+        seen_nodes[key] = total, height
+        return total, height
 
     size(root, 0)
+
+
+def _children(node: yaml.Node, path: Path, error: type[Exception]) -> list[yaml.Node]:
+    """A collection's keys and values (refusing a key given twice in one mapping); a scalar has none."""
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    seen: dict[Any, yaml.Node] = {}
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag != _MERGE:
+            if k.value in seen:
+                raise error(f"{_where(path, k)}: key '{k.value}' is given twice in this mapping "
+                            f"(first at line {seen[k.value].start_mark.line + 1}); give it once")
+            seen[k.value] = k
+    return [n for pair in node.value for n in pair]
 
 
 def load_yaml(text: str, path: Path, error: type[Exception]) -> tuple[Any, yaml.Node | None]:
@@ -80,13 +117,17 @@ def load_yaml(text: str, path: Path, error: type[Exception]) -> tuple[Any, yaml.
     with file:line:col. Only plain YAML: no Python tags."""
     if len(text.encode()) > MAX_BYTES:
         raise error(f"{path}: larger than {MAX_BYTES // 1024} KiB; refused")
-    loader = yaml.SafeLoader(text)
+    loader = _BoundedLoader(text)
     try:
         root = loader.get_single_node()
         if root is None:
             return None, None
         _check(root, path, error)
         return loader.construct_document(root), root
+    except _TooDeep as e:
+        raise error(_too_deep(f"{path}:{e.mark.line + 1}:{e.mark.column + 1}")) from None
+    except RecursionError:  # a path through PyYAML that recurses and that the bound above misses
+        raise error(_too_deep(str(path))) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

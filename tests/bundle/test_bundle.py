@@ -377,6 +377,17 @@ def test_interrupted_writers_leftovers_are_removed_on_the_next_write(tmp_path, s
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-1", "b", "b.tar.gz"]
 
 
+@pytest.mark.parametrize("name", ["*", "[.]b*", "?"])
+def test_an_output_named_with_glob_characters_removes_only_its_own_leftovers(tmp_path, sample, name):
+    files, manifest = sample
+    users = [".bashrc.old-2019", ".x.old-1", ".notes.staging"]  # look like other outputs' leftovers
+    for user in users:
+        (tmp_path / user).write_text("a user's file")
+    (tmp_path / f".{name}.tmp-abc").mkdir()  # this output's own leftover
+    write_bundle(tmp_path / name, files, manifest, archive=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*users, name])
+
+
 def test_a_write_the_file_system_refuses_is_an_output_error(tmp_path, sample, monkeypatch):
     from deepjit_compiler.errors import OutputError
 
@@ -444,3 +455,29 @@ def test_without_an_archive_a_stale_one_is_removed_but_a_foreign_file_stays(tmp_
     (tmp_path / "b.tar.gz").write_bytes(b"my own tarball, not a bundle")
     write_bundle(tmp_path / "b", files, manifest, archive=False)
     assert (tmp_path / "b.tar.gz").read_bytes() == b"my own tarball, not a bundle"
+
+
+@pytest.mark.parametrize("kind", ["file", "symlink", "symlink to a bundle archive"])
+def test_an_archive_never_replaces_a_users_file_or_symlink(tmp_path, sample, kind):
+    files, manifest = sample
+    target = tmp_path / "keep.txt"
+    target.write_bytes(b"a user's file")
+    if kind == "symlink to a bundle archive":
+        target.write_bytes(write_bundle(tmp_path / "other", files, manifest).archive.read_bytes())
+    before = target.read_bytes()
+    tar = tmp_path / "b.tar.gz"
+    tar.write_bytes(before) if kind == "file" else tar.symlink_to(target)
+    with pytest.raises(BundleError, match=r"b\.tar\.gz: (is a symlink|exists and is not a DeepJIT bundle archive); "
+                                          "refusing to replace it"):
+        write_bundle(tmp_path / "b", files, manifest)
+    assert not (tmp_path / "b").exists() and tar.is_symlink() == (kind != "file") and tar.read_bytes() == before
+
+
+def test_an_archive_replaces_a_bundle_archive_and_update_keeps_a_users_file(tmp_path, sample):
+    files, manifest = sample
+    write_bundle(tmp_path / "b", files, {**manifest, "name": "other"})
+    info = write_bundle(tmp_path / "b", files, manifest)  # an earlier bundle archive there is replaced
+    assert read_bundle(info.archive).digest == info.digest
+    info.archive.write_bytes(b"my own tarball, not a bundle")
+    updated = update_bundle(info.path, {"extra.bin": b"x"}, {})  # the folder only; the user's file stays
+    assert updated.archive is None and info.archive.read_bytes() == b"my own tarball, not a bundle"

@@ -3,6 +3,7 @@ manifests are BundleErrors naming the field; a staged bundle is readable before 
 from __future__ import annotations
 
 import copy
+import shutil
 
 import pytest
 
@@ -63,3 +64,22 @@ def test_a_staged_bundle_reads_before_its_manifest_is_written(tmp_path):
         info = staged.commit(tmp_path / "b", {"name": "b"})
     assert read_bundle(tmp_path / "b").digest == info.digest and (tmp_path / "b.tar.gz").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.tar.gz"]   # the staging folder is gone
+
+
+def test_a_contract_the_bundle_carries_no_copy_of_loads_only_from_the_bundle_or_by_built_in_name(
+        t4_build, tmp_path, monkeypatch):
+    manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
+    kernel = manifest["plan"]["steps"][1]["kernels"][0]
+    bundled = kernel["files"].pop("contract")  # as in a bundle that carries no copy
+    outside = tmp_path / "outside"  # a contract on this machine, outside the bundle
+    shutil.copytree(t4_build.bundle.path / bundled.rsplit("/", 1)[0], outside)
+    monkeypatch.chdir(tmp_path)
+    for ref in (str(outside / "yolov8_decode.yaml"), "outside/yolov8_decode.yaml"):
+        kernel["contract"] = ref
+        view = BundleView(t4_build.bundle.path, manifest)
+        with pytest.raises(BundleError, match=f"'{ref}' is a path, not one of the bundle's files"):
+            view.contract(view.step("decode").kernels[0])
+    for ref in (bundled, "yolov8_decode"):  # a bundle file by its path; a built-in by its name
+        kernel["contract"] = ref
+        view = BundleView(t4_build.bundle.path, manifest)
+        assert view.contract(view.step("decode").kernels[0]).name == "yolov8_decode"

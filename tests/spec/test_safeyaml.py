@@ -7,6 +7,7 @@ import time
 import pytest
 
 from deepjit_compiler.errors import SpecError
+from deepjit_compiler.spec import safeyaml
 from deepjit_compiler.spec.load import load_spec
 from deepjit_compiler.spec.safeyaml import MAX_BYTES, load_yaml
 
@@ -38,6 +39,32 @@ def test_anchors_and_aliases_that_stay_small_are_fine():
 def test_refused_documents_name_file_line_and_column(text, message):
     with pytest.raises(SpecError, match=message):
         load_yaml(text, "x.yaml", SpecError)
+
+
+@pytest.mark.parametrize("text, where", [
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", "x.yaml:1:68:"),
+    ("a: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n", "x.yaml:1:257:"),
+    ("- " * 100_000 + "x\n", "x.yaml:1:131:"),
+])
+def test_nesting_thousands_deep_is_refused_before_python_recurses(text, where):
+    with pytest.raises(SpecError, match=f"{where} nested deeper than 64 levels; refused"):
+        load_yaml(text, "x.yaml", SpecError)
+
+
+def test_a_recursion_error_is_still_a_spec_error(monkeypatch):
+    monkeypatch.setattr(safeyaml, "MAX_DEPTH", 10**9)  # as if the bound missed a way PyYAML recurses
+    with pytest.raises(SpecError, match="x.yaml: nested deeper than"):
+        load_yaml("a: " + "[" * 5000 + "]" * 5000 + "\n", "x.yaml", SpecError)
+
+
+def test_aliases_cannot_chain_nesting_past_the_bound():
+    levels = "[" * 60, "]" * 60
+    text = f"a0: &a0 {levels[0]}1{levels[1]}\n" + "".join(
+        f"a{i}: &a{i} {levels[0]}*a{i - 1}{levels[1]}\n" for i in range(1, 30))  # 1800 deep, 27,000 nodes
+    with pytest.raises(SpecError, match="x.yaml:1:5: nested deeper than 64 levels once its aliases are expanded"):
+        load_yaml(text, "x.yaml", SpecError)
+    fits = "a: &a " + "[" * 30 + "1" + "]" * 30 + "\nb: " + "[" * 33 + "*a" + "]" * 33 + "\n"  # 64 deep
+    assert load_yaml(fits, "x.yaml", SpecError)[0]["b"][0]
 
 
 def test_an_oversized_spec_is_refused_before_parsing(tmp_path):
