@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import traceback
 from collections.abc import Iterator
@@ -31,6 +32,15 @@ EXISTING = click.Path(exists=True, path_type=Path)
 ENGINE = click.option("--engine", type=click.Choice(ENGINE_CHOICES), default="auto", show_default=True,
                       help="How segments run: auto (a plan where one runs here, else ONNX Runtime with a warning), "
                            "plan (a plan or exit 2 with why not), onnxruntime.")
+# What a terminal acts on rather than shows: C0 controls but tab and newline (ESC starts a sequence that
+# can retitle the window or rewrite the screen), DEL, C1 controls (0x9b is CSI), and the bidi overrides.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on shown as an escape: what a command prints on a
+    terminal can come from a pulled bundle's manifest (names, tensors) or a store, which are untrusted."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
 def _emit_json(obj) -> None:
@@ -156,7 +166,7 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
     """Describe an ONNX model or a DeepJIT bundle (a folder or .tar.gz)."""
     with working(as_json):
         info = inspect_target(target, suggest_cuts=suggest_cuts)
-    _emit_json(info.data) if as_json else click.echo(info.text)
+    _emit_json(info.data) if as_json else click.echo(printable(info.text))
 
 
 @cli.command()
@@ -175,7 +185,7 @@ def run(bundle: Path, inputs, out, prefer, no_graph, device, engine, as_json) ->
     with working(as_json):
         result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph, device=device,
                             engine=engine)
-    _emit_json(result) if as_json else click.echo(format_run(result))
+    _emit_json(result) if as_json else click.echo(printable(format_run(result)))
 
 
 @cli.command()
@@ -198,24 +208,30 @@ def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, device, engine
     with working(as_json):
         result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer,
                               device=device, engine=engine)
-    _emit_json(result) if as_json else click.echo(format_bench(result))
+    _emit_json(result) if as_json else click.echo(printable(format_bench(result)))
+
+
+DATA = click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                    help="Validate on this folder (images, or <input>_<k>.npy batches) instead of the data the "
+                         "bundle's spec names (random, or a folder inside the bundle).")
 
 
 @cli.command()
 @click.argument("bundle", type=EXISTING)
 @ENGINE
+@DATA
 @json_option("the bundle's validation record")
-def validate(bundle: Path, engine: str, as_json: bool) -> None:
+def validate(bundle: Path, engine: str, data: Path | None, as_json: bool) -> None:
     """Re-run the validation levels this machine can run (kernels, end_to_end and the plans' engine level on
     a GPU) and record them."""
     with working(as_json):
-        updated, levels = validate_bundle(bundle, engine=engine)
+        updated, levels = validate_bundle(bundle, engine=engine, data=data)
     record = updated.manifest["validation"]
     if as_json:
         _emit_json(record)
     else:
         for name, level in record["levels"].items():
-            click.echo(f"{name:11} {level['status']:8} {level.get('reason', '')}")
+            click.echo(printable(f"{name:11} {level['status']:8} {level.get('reason', '')}"))
     if any(level.status == "failed" for level in levels):
         sys.exit(1)
 
@@ -241,7 +257,7 @@ def export() -> None:
 @click.option("--no-dynamic-batching", is_flag=True, help="Leave Triton's dynamic batcher off.")
 @click.option("--max-queue-delay-us", type=int, default=100, show_default=True,
               help="How long the dynamic batcher may hold a request to make a larger batch.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option("the model folder, name, version and bundle digest")
 def export_triton_cmd(bundle: Path, repo: Path, name, model_version, max_batch, kind, instances, gpus, env,
                       no_dynamic_batching, max_queue_delay_us, as_json) -> None:
     """Write BUNDLE as a Triton Inference Server model in the model repository REPO (REPO/NAME/: config.pbtxt,
@@ -250,8 +266,10 @@ def export_triton_cmd(bundle: Path, repo: Path, name, model_version, max_batch, 
         devices = tuple(int(g) for g in gpus.split(",")) if gpus else None
     except ValueError:
         raise click.BadParameter(f"{gpus!r}: give GPU numbers like 0,1", param_hint="--gpus") from None
-    result = export_triton(bundle, repo, TritonOptions(name, model_version, max_batch, kind, instances, devices, env,
-                                                       not no_dynamic_batching, max_queue_delay_us))
+    options = TritonOptions(name, model_version, max_batch, kind, instances, devices, env, not no_dynamic_batching,
+                            max_queue_delay_us)
+    with working(as_json):
+        result = export_triton(bundle, repo, options)
     if as_json:
         _emit_json({"model_dir": str(result.model_dir), "name": result.name, "version": result.version,
                     "bundle_digest": result.bundle_digest, "boxes_in": "image" if result.maps_boxes else "input"})
@@ -263,11 +281,12 @@ def export_triton_cmd(bundle: Path, repo: Path, name, model_version, max_batch, 
 @cli.command()
 @click.argument("bundle", type=EXISTING)
 @click.option("--timing-cache", type=click.Path(path_type=Path), help="TensorRT timing cache to load and save.")
-def materialize(bundle: Path, timing_cache: Path | None) -> None:
+@DATA
+def materialize(bundle: Path, timing_cache: Path | None, data: Path | None) -> None:
     """Build TensorRT plans of BUNDLE's segments on this (target) GPU (deferred ones, or beside its
     TensorRT-RTX plans), check and record them."""
     with working():
-        info, report = materialize_bundle(bundle, timing_cache=timing_cache)
+        info, report = materialize_bundle(bundle, timing_cache=timing_cache, data=data)
     click.echo(f"materialized {info.path} ({info.digest})")
     if not report.passed:
         click.echo("\n".join(report.failures()), err=True)
@@ -308,7 +327,7 @@ def ls_(store_url: str, as_json: bool) -> None:
         _emit_json([{"tag": e.tag, "digest": e.digest, "name": e.name, "size": e.size, "validation": dict(e.levels)}
                     for e in entries])
     else:
-        click.echo(format_store(store_url, entries), nl=False)
+        click.echo(printable(format_store(store_url, entries)), nl=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.main(args=argv, prog_name="deepjit", standalone_mode=False)
         return 0
     except DeepJITError as e:
-        click.echo(f"error: {e}", err=True)
+        click.echo(printable(f"error: {e}"), err=True)
         return e.exit_code
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

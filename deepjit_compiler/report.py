@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.filesize import decimal as human_size
 from rich.table import Table
+from rich.text import Text
 
 from .bundle.folder import read_bundle
 from .bundle.view import BundleView
@@ -30,9 +31,11 @@ PIPED_WIDTH = 200  # columns of a table written to a file or a pipe: tensor name
 
 
 def _console(file=None) -> Console:
-    """A console for stdout (or `file`): the terminal's width on a TTY, PIPED_WIDTH otherwise."""
+    """A console for stdout (or `file`): the terminal's width on a TTY, PIPED_WIDTH otherwise. No markup:
+    what it prints comes from manifests, models and stores (a pulled bundle's name may hold `[red]` or an
+    unmatched `[/x]`); the few styles are Text spans."""
     tty = (file if file is not None else sys.stdout).isatty()
-    return Console(file=file, highlight=False, soft_wrap=True, width=None if tty else PIPED_WIDTH)
+    return Console(file=file, highlight=False, soft_wrap=True, markup=False, width=None if tty else PIPED_WIDTH)
 
 
 def print_build(result) -> None:
@@ -40,7 +43,7 @@ def print_build(result) -> None:
     spec = result.spec.spec
     out = _console()
     model = d["model"]
-    out.print(f"[bold]{d['name']}[/bold]: target {d['target']['gpu'] or ''} sm_{d['target']['sm']}")
+    out.print(Text.assemble((d["name"], "bold"), f": target {d['target']['gpu'] or ''} sm_{d['target']['sm']}"))
     out.print(f"model {model['path']} (sha256 {model['sha256'][:12]}…"
               + (", synthesized" if model["synthesized"] else "") + ")")
     steps = Table(title="pipeline, in run order")
@@ -72,7 +75,7 @@ def print_build(result) -> None:
         levels.add_column(col)
     style = {"passed": "green", "failed": "bold red", "not_run": "yellow"}
     for name, lv in d["validation"]["levels"].items():
-        levels.add_row(name, f"[{style[lv['status']]}]{lv['status']}[/]", _outputs_detail(lv))
+        levels.add_row(name, Text(lv["status"], style=style[lv["status"]]), _outputs_detail(lv))
     out.print(levels)
     if d["bundle"]:
         where = "REJECTED, written to" if d["rejected"] else "bundle"
@@ -179,8 +182,8 @@ def _model_layers(layers: dict[str, Any] | None) -> str:
 def _render_model(path: Path, d: dict[str, Any]) -> str:
     buf = io.StringIO()
     out = _console(buf)
-    out.print(f"[bold]{path}[/bold]: opset {d['opset']}, IR {d['ir_version']}, "
-              f"{d['node_count']} nodes, {d['parameter_count']:,} parameters")
+    out.print(Text.assemble((str(path), "bold"), f": opset {d['opset']}, IR {d['ir_version']}, "
+              f"{d['node_count']} nodes, {d['parameter_count']:,} parameters"))
     for kind in ("inputs", "outputs"):
         for t in d[kind]:
             out.print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']} {t['shape']}")
@@ -222,7 +225,7 @@ def _render_bundle(d: dict[str, Any]) -> str:
     buf = io.StringIO()
     out = _console(buf)
     target = d["target"]
-    out.print(f"[bold]{d['name']}[/bold] {d['digest']}")
+    out.print(Text.assemble((d["name"], "bold"), f" {d['digest']}"))
     out.print(f"target: {target['gpu'] or ''} sm_{target['sm']}".replace(":  ", ": "))
     out.print("toolchain: " + ", ".join(f"{k} {v}" for k, v in d["toolchain"].items()))
     out.print(f"spec sha256 {d['spec_sha256']}; model sha256 {d['model_sha256']} "
@@ -339,8 +342,8 @@ def describe(bundle: BundleView | Path) -> dict[str, Any]:
 def _render_engine(out: Console, e: dict[str, Any]) -> None:
     """The bundle's engine: backend and why, then per segment its ONNX and each plan's flavour,
     library version, compute capabilities, size, network layers and I/O tensors."""
-    out.print(f"[bold]engine[/bold]: {e['backend']}{' (deferred)' if e['deferred'] else ''}, {e['precision']}: "
-              f"{e['reason']}")
+    out.print(Text.assemble(("engine", "bold"), f": {e['backend']}{' (deferred)' if e['deferred'] else ''}, "
+                            f"{e['precision']}: {e['reason']}"))
     for name, seg in e["segments"].items():
         out.print(f"  segment {name}: {', '.join(seg['onnx']) or 'no ONNX'}")
         for p in seg["plans"]:

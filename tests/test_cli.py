@@ -220,3 +220,36 @@ def test_inspect_bundle_shows_its_engine(t4_build):
     assert f"plan engines/segment.rtx.plan: tensorrt-rtx (tensorrt_rtx {plan['version']}), compute capability 7.5, " \
            f"{plan['size'] / 1e6:.1f} MB, {plan['network_layers']} network layers" in r.stdout
     assert "input  images: float32 [-1, 3, 640, 640]" in r.stdout
+
+
+def test_inspect_prints_a_manifests_control_characters_as_escapes(real_bundles, tmp_path, capsys):
+    """A pulled bundle's strings must not retitle or clear the user's terminal."""
+    import shutil
+
+    from deepjit_compiler.bundle.manifest import manifest_bytes, manifest_digest
+    from deepjit_compiler.cli import main
+
+    bundle = tmp_path / "b"
+    shutil.copytree(real_bundles["host_letterbox"], bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["toolchain"]["onnx"] = "1.0\x1b]0;pwned\x07\x1b[2J\x9b2J"
+    manifest["digest"] = manifest_digest({k: v for k, v in manifest.items() if k != "digest"})
+    (bundle / "manifest.json").write_bytes(manifest_bytes(manifest))
+    capsys.readouterr()
+    assert main(["inspect", str(bundle)]) == 0
+    out = capsys.readouterr().out
+    assert "onnx 1.0\\x1b]0;pwned" in out and "\\x9b2J" in out
+    assert not any(c in out for c in "\x1b\x07\x9b")
+
+
+def test_error_messages_print_control_characters_as_escapes(monkeypatch, capsys):
+    from deepjit_compiler import cli
+    from deepjit_compiler.errors import BundleError
+
+    def refused():
+        raise BundleError("manifest: step 'a\x1b]0;pwned\x07' is\nrefused")
+
+    monkeypatch.setattr(cli, "json_schema", refused)
+    assert cli.main(["schema"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: manifest: step 'a\\x1b]0;pwned\\x07' is\nrefused\n"

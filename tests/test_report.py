@@ -73,3 +73,12 @@ def test_a_kernel_with_a_from_batch_kernel_lists_each_under_its_entry():
     assert _entries({"decode": "deepjit_yolov8_decode_candidates<__half, 4>",
                      "decode (batch 4+)": "deepjit_yolov8_decode_candidates<__half, 2>"}) == \
         "decode: deepjit_yolov8_decode_candidates<__half, 4>\ndecode (batch 4+): deepjit_yolov8_decode_candidates<__half, 2>"
+
+
+def test_store_and_manifest_strings_print_as_text_not_markup():
+    """A store or a pulled bundle names things: `[/x]` must not crash the table, `[red]` must not restyle it."""
+    from deepjit_compiler.report import format_store
+    from deepjit_compiler.store.refs import Entry
+
+    text = format_store("file://st", [Entry("v1", "sha256:" + "a" * 64, "[/x]evil[red]name", 1234, {"graph": "passed"})])
+    assert "[/x]evil[red]name" in text and "graph passed" in text

@@ -50,7 +50,8 @@ _text_format = lazy_import("google.protobuf.text_format", "config.pbtxt is proto
 KINDS = ("gpu", "cpu")
 MARKER = "deepjit-export.json"
 MARKER_FORMAT = 1
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # the spec's `name` pattern, so every built bundle fits it
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1       # ModelConfig's max_batch_size (and batch sizes) and dims
 # numpy dtype -> Triton's (the Python backend hands the model numpy arrays, so bfloat16 cannot pass)
 TRITON_DTYPES = {"bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
                  "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32",
@@ -84,9 +85,34 @@ class TritonExport:
     maps_boxes: bool                          # boxes come back in the pixels of the images sent
 
 
+# ----------------------------------------------------------------------------- untrusted text
+def shown(text: Any) -> str:
+    """`text` on one line of printable ASCII (newlines, control characters and the rest escaped): how a
+    manifest's strings go into a comment or an error message, which they must not end or restyle."""
+    return ascii(str(text))[1:-1]
+
+
+def _count(value: Any, what: str, most: int, hint: str = "") -> int:
+    """`value` if it is a whole number 0..most (what a ModelConfig field holds); ServeError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise ServeError(f"{what} is {ascii(value)}: Triton's config.pbtxt holds a whole number from 0 "
+                         f"to {most} there{hint}")
+    return value
+
+
+def _check_bundle_name(bundle: BundleView) -> None:
+    """The manifest's name reaches config.pbtxt and model.py, and a pulled bundle is untrusted: it must be
+    a name the spec allows (every built bundle's is), even where --name replaces it."""
+    if bundle.name and not _NAME.fullmatch(bundle.name):
+        raise ServeError(f"{bundle.source}: manifest.json field 'name' is '{shown(bundle.name)}': a bundle name "
+                         f"matches {_NAME.pattern} (letters, digits, '_', '.' and '-'); this bundle was not made "
+                         "by `deepjit build`")
+
+
 # ----------------------------------------------------------------------------- options
 def checked_options(layout: Layout, bundle: BundleView, options: TritonOptions) -> TritonOptions:
     """The options with the bundle's defaults filled in; ServeError naming the option and what is allowed."""
+    _check_bundle_name(bundle)
     name = options.name or layout.name or ""
     if not _NAME.fullmatch(name):
         raise ServeError(f"--name {name!r}: a Triton model name here is letters, digits, '_', '.' and '-', not "
@@ -109,7 +135,18 @@ def checked_options(layout: Layout, bundle: BundleView, options: TritonOptions) 
     if layout.min_batch > 1:
         raise ServeError(f"{bundle.source}: its profile's min batch is {layout.min_batch}; Triton sends batches "
                          "from 1: rebuild with profile min batch 1")
-    max_batch = options.max_batch if options.max_batch is not None else layout.max_batch
+    return _with_max_batch(layout, options, name)
+
+
+def _with_max_batch(layout: Layout, options: TritonOptions, name: str) -> TritonOptions:
+    """The options with max_batch_size set: the profile's max batch unless asked lower; either must fit
+    the int32 field (a pulled bundle's profile can say anything)."""
+    if options.max_batch is None:
+        max_batch = layout.max_batch
+        field = next(f"manifest inputs.{shown(i.name)}.max[0]" for i in layout.inputs if i.max[0] == max_batch)
+        _count(max_batch, f"{field} (the profile's max batch)", INT32_MAX, "; pass a smaller --max-batch")
+    else:
+        max_batch = _count(options.max_batch, "--max-batch", INT32_MAX)
     if not 1 <= max_batch <= layout.max_batch:
         raise ServeError(f"--max-batch {max_batch}: this bundle takes batches 1..{layout.max_batch} (its profile)")
     return TritonOptions(name, options.version, max_batch, options.kind, options.instances, options.gpus,
@@ -117,10 +154,17 @@ def checked_options(layout: Layout, bundle: BundleView, options: TritonOptions) 
 
 
 # ----------------------------------------------------------------------------- config.pbtxt
-def _data_type(dtype: str, what: str) -> int:
-    name = TRITON_DTYPES.get(str(np.dtype(dtype)) if dtype != "bfloat16" else dtype)
+def _numpy_name(dtype: Any) -> str | None:
+    try:
+        return str(np.dtype(dtype)) if dtype != "bfloat16" else dtype
+    except (TypeError, ValueError):  # not a dtype at all: refused below, as one Triton cannot take
+        return None
+
+
+def _data_type(dtype: Any, what: str) -> int:
+    name = TRITON_DTYPES.get(_numpy_name(dtype))
     if name is None:
-        raise ServeError(f"{what} is {dtype}: Triton's Python backend passes numpy arrays of "
+        raise ServeError(f"{what} is {shown(dtype)}: Triton's Python backend passes numpy arrays of "
                          f"{', '.join(TRITON_DTYPES)}; rebuild the bundle with one of them at its inputs and outputs")
     return _schema.DataType.Value(name)
 
@@ -131,8 +175,20 @@ def _dims(shape: Sequence[Any], what: str, profile: tuple[Sequence[int], Sequenc
         raise ServeError(f"{what} has no batch dimension; Triton batches along the first dim of every tensor")
     if profile is not None:
         lo, hi = profile
-        return [int(lo[a]) if lo[a] == hi[a] else -1 for a in range(1, len(shape))]
-    return [int(d) if isinstance(d, int) else -1 for d in shape[1:]]
+        if not len(lo) == len(hi) == len(shape):
+            raise ServeError(f"{what}: its profile min {shown(list(lo))} and max {shown(list(hi))} do not have the "
+                             f"{len(shape)} dims of its shape")
+        return [_count(lo[a], f"{what} profile min[{a}]", INT64_MAX) if lo[a] == hi[a] else -1
+                for a in range(1, len(shape))]
+    return [_count(d, f"{what} shape[{a}]", INT64_MAX) if isinstance(d, int) else -1
+            for a, d in enumerate(shape) if a]
+
+
+def _tensor_name(name: Any, what: str) -> str:
+    """Protobuf's text format escapes any string, but a name Triton and its clients match on is printable text."""
+    if not isinstance(name, str) or not name or not name.isprintable():
+        raise ServeError(f"{what}: tensor name {ascii(name)} is not printable text; a Triton tensor name is")
+    return name
 
 
 def _tensor(entry: Any, name: str, data_type: int, dims: list[int]) -> None:
@@ -148,16 +204,19 @@ def model_config(layout: Layout, options: TritonOptions) -> Any:
     """config.pbtxt as a ModelConfig message (options already checked)."""
     mc = _schema
     config = mc.ModelConfig(name=options.name, backend="python", max_batch_size=options.max_batch)
-    for i in layout.inputs:
-        _tensor(config.input.add(), i.name, _data_type(i.dtype, f"input '{i.name}'"),
-                _dims(i.shape, f"input '{i.name}'", (i.min, i.max)))
-    for o in layout.outputs:
-        _tensor(config.output.add(), o.name, _data_type(o.dtype, f"output '{o.name}'"),
-                _dims(o.shape, f"output '{o.name}'"))
+    for n, i in enumerate(layout.inputs):
+        what = f"manifest plan.inputs[{n}] ('{shown(i.name)}')"
+        _tensor(config.input.add(), _tensor_name(i.name, what), _data_type(i.dtype, f"{what} dtype"),
+                _dims(i.shape, what, (i.min, i.max)))
+    for n, o in enumerate(layout.outputs):
+        what = f"manifest plan.outputs[{n}] ('{shown(o.name)}')"
+        _tensor(config.output.add(), _tensor_name(o.name, what), _data_type(o.dtype, f"{what} dtype"),
+                _dims(o.shape, what))
     if options.dynamic_batching:
         # A batch of one needs no preference (it is what the queue delay falls back to); preferring it
         # would send every lone request at once and never wait for a larger batch.
-        preferred = [b for b in layout.buckets if 1 < b <= options.max_batch]
+        preferred = [_count(b, "manifest inputs.<input>.buckets", INT32_MAX) for b in layout.buckets
+                     if 1 < b <= options.max_batch]
         config.dynamic_batching.preferred_batch_size.extend(preferred)
         config.dynamic_batching.max_queue_delay_microseconds = options.max_queue_delay_us
     group = mc.ModelInstanceGroup
@@ -169,25 +228,31 @@ def model_config(layout: Layout, options: TritonOptions) -> Any:
 
 
 def config_text(config: Any, bundle: BundleView) -> str:
-    head = (f"# Written by `deepjit export triton` (DeepJIT {__version__}) for bundle {bundle.name or '?'} "
-            f"({bundle.digest}).\n# Edits are refused by the next export into this folder: export again instead.\n")
+    """The message in protobuf's text format (which escapes every string), under a comment whose bundle
+    strings are made one line of printable text, so none of them can end the comment."""
+    head = (f"# Written by `deepjit export triton` (DeepJIT {__version__}) for bundle {shown(bundle.name or '?')} "
+            f"({shown(bundle.digest)}).\n# Edits are refused by the next export into this folder: export again "
+            "instead.\n")
     return head + _text_format.MessageToString(config)
 
 
 def model_py(bundle: BundleView) -> str:
+    """The model.py Triton runs. Bundle strings go in only as Python literals (ascii(): quoted, escaped,
+    printable ASCII), never into the docstring or code: a pulled bundle must not write code that runs."""
     return f'''"""Triton Python-backend model written by `deepjit export triton` (DeepJIT {__version__}).
 
-Serves the DeepJIT bundle in {BUNDLE_DIR}/ beside this file, {bundle.name or "?"}:
-    {bundle.digest}
-Each instance verifies it, loads it once (KIND_GPU: on its GPU; KIND_CPU: on ONNX Runtime's CPU
-provider, as `deepjit run --device cpu`) and answers batches. Its Python environment (config.pbtxt's
+Serves the DeepJIT bundle in {BUNDLE_DIR}/ beside this file (BUNDLE_NAME, bundle_digest). Each instance
+verifies it, loads it once (KIND_GPU: on its GPU; KIND_CPU: on ONNX Runtime's CPU provider, as
+`deepjit run --device cpu`) and answers batches. Its Python environment (config.pbtxt's
 EXECUTION_ENV_PATH) needs DeepJIT and numpy < 2.
 """
 from deepjit_compiler.serve.triton_model import DeepJITModel
 
+BUNDLE_NAME = {ascii(bundle.name)}
+
 
 class TritonPythonModel(DeepJITModel):
-    bundle_digest = "{bundle.digest}"
+    bundle_digest = {ascii(bundle.digest)}
 '''
 
 
@@ -269,7 +334,7 @@ def _write(root: Path, bundle: BundleView, options: TritonOptions, config: str) 
     verify_folder(target)  # the copy is the bundle, byte for byte
     written = {"config.pbtxt": config, f"{version}/model.py": model_py(bundle)}
     for rel, text in written.items():
-        (root / rel).write_text(text)
+        (root / rel).write_text(text, encoding="utf-8")  # as hashed below
     files = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in written.items()}
     record = {"format": MARKER_FORMAT, "deepjit": __version__, "model": options.name, "version": options.version,
               "bundles": [f"{version}/{BUNDLE_DIR}"], "bundle_digest": bundle.digest, "files": files}

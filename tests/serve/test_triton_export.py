@@ -4,19 +4,32 @@ The bundles are the trained YOLOv8n's (conftest.py): with the letterbox on the G
 max batch 2, buckets 1 and 2, 100 detections) and on the host (float [B, 3, 320, 320] in)."""
 from __future__ import annotations
 
+import ast
+import dataclasses
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from deepjit_compiler.bundle.folder import read_bundle, verify_folder
+from deepjit_compiler.bundle.manifest import manifest_bytes, manifest_digest
 from deepjit_compiler.cli import main
 from deepjit_compiler.errors import ServeError
-from deepjit_compiler.serve.triton import TritonOptions, export_triton
+from deepjit_compiler.runtime.layout import Layout
+from deepjit_compiler.serve.triton import (
+    TritonOptions,
+    checked_options,
+    config_text,
+    export_triton,
+    model_config,
+    model_py,
+)
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2",
                                        reason="the export writes config.pbtxt with tritonclient's schema")
@@ -78,7 +91,7 @@ def test_the_bundle_travels_whole_and_model_py_pins_its_digest(real_bundles, tmp
     assert tree(result.model_dir / "1" / "bundle") == tree(source.root)
     model_py = (result.model_dir / "1" / "model.py").read_text()
     assert "from deepjit_compiler.serve.triton_model import DeepJITModel" in model_py
-    assert f'bundle_digest = "{source.digest}"' in model_py
+    assert f"bundle_digest = '{source.digest}'" in model_py
     marker = json.loads((result.model_dir / "deepjit-export.json").read_text())
     assert marker["bundles"] == ["1/bundle"] and marker["bundle_digest"] == source.digest
     assert marker["files"] == {rel: h for rel, h in tree(result.model_dir).items() if rel in ("config.pbtxt", "1/model.py")}
@@ -167,3 +180,114 @@ def test_the_export_without_tritonclient_names_the_extra(real_bundles, tmp_path)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "install deepjit[triton]" in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+# ----------------------------------------------------------------------------- a pulled bundle is untrusted
+HOSTILE = ('det\n"""\nimport os; os.system("touch pwned")\n"""\n'
+           'parameters { key: "EXECUTION_ENV_PATH" value { string_value: "/tmp/evil.tar.gz" } }\n#')
+
+
+def resealed(source: Path, folder: Path, edit) -> Path:
+    """A copy of the bundle with `edit(manifest)` applied and sealed again, as a hostile publisher can."""
+    shutil.copytree(source, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    edit(manifest)
+    manifest["digest"] = manifest_digest({k: v for k, v in manifest.items() if k != "digest"})
+    (folder / "manifest.json").write_bytes(manifest_bytes(manifest))
+    return folder
+
+
+@pytest.fixture
+def letterbox(real_bundles):
+    """The GPU-letterbox bundle (view), its layout, and a stand-in for the view whose name is HOSTILE: to
+    test the export's own checks, whatever read_bundle refuses first."""
+    view = read_bundle(real_bundles["gpu_letterbox"])
+    return SimpleNamespace(view=view, layout=Layout.from_bundle(view),
+                           hostile=SimpleNamespace(name=HOSTILE, digest=view.digest, source=view.source))
+
+
+def test_bundle_strings_reach_model_py_and_config_only_as_literals(letterbox):
+    layout, bundle = letterbox.layout, letterbox.hostile
+    bundle.name += "\x1b]0;x\x07\u202e"
+    module = ast.parse(model_py(bundle))
+    assert [type(node).__name__ for node in module.body] == ["Expr", "ImportFrom", "Assign", "ClassDef"]
+    assert ast.literal_eval(module.body[2].value) == bundle.name
+    text = config_text(model_config(layout, TritonOptions(name="det", max_batch=2)), bundle)
+    assert text.isascii() and [line.startswith("#") for line in text.splitlines()[:3]] == [True, True, False]
+    assert "EXECUTION_ENV_PATH" not in text_format.Parse(text, model_config_pb2.ModelConfig()).parameters
+
+
+def test_a_bundle_name_that_is_no_name_is_refused_even_with_name(letterbox):
+    layout, bundle = letterbox.layout, letterbox.hostile
+    with pytest.raises(ServeError, match=re.escape("manifest.json field 'name' is 'det\\n\"\"\"\\nimport os")) as e:
+        checked_options(layout, bundle, TritonOptions(name="det"))
+    assert "[A-Za-z0-9_][A-Za-z0-9_.-]*" in str(e.value) and "\n" not in str(e.value)
+
+
+def _output(layout, **changes):
+    return dataclasses.replace(layout, outputs=(layout.outputs[0], dataclasses.replace(layout.outputs[1], **changes),
+                                                *layout.outputs[2:]))
+
+
+def _input(layout, **changes):
+    return dataclasses.replace(layout, inputs=(dataclasses.replace(layout.inputs[0], **changes),))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: _output(c, name="boxes\nparameters {"),
+     "manifest plan.outputs[1] ('boxes\\nparameters {'): tensor name 'boxes\\nparameters {' is not printable text"),
+    (lambda c: _output(c, name=7), "manifest plan.outputs[1] ('7'): tensor name 7 is not printable text"),
+    (lambda c: _output(c, dtype="complex999"), "manifest plan.outputs[1] ('boxes') dtype is complex999: Triton's "
+                                               "Python backend passes numpy arrays of"),
+    (lambda c: _output(c, shape=("batch", 10**20, 4)),
+     "manifest plan.outputs[1] ('boxes') shape[1] is 100000000000000000000: Triton's config.pbtxt holds"),
+    (lambda c: _input(c, max=(10**12, 1024, 1024, 3)),
+     "manifest inputs.raw_images.max[0] (the profile's max batch) is 1000000000000: Triton's config.pbtxt holds a "
+     "whole number from 0 to 2147483647 there; pass a smaller --max-batch"),
+    (lambda c: _input(c, min=(1, 32, 32, 3 * 10**19), max=(2, 1024, 1024, 3 * 10**19)),
+     "manifest plan.inputs[0] ('raw_images') profile min[3] is 30000000000000000000"),
+    (lambda c: _input(c, max=(2, 1024, 3)), "manifest plan.inputs[0] ('raw_images'): its profile min [1, 32, 32, 3] "
+                                            "and max [2, 1024, 3] do not have the 4 dims of its shape"),
+])
+def test_what_config_pbtxt_cannot_hold_is_refused(letterbox, change, message):
+    layout = change(letterbox.layout)
+    with pytest.raises(ServeError, match=re.escape(message)):
+        model_config(layout, checked_options(layout, letterbox.view, TritonOptions(name="det")))
+
+
+def test_a_huge_profile_max_batch_exports_with_a_smaller_max_batch(letterbox):
+    layout = _input(letterbox.layout, max=(10**12, 1024, 1024, 3))
+    options = checked_options(layout, letterbox.view, TritonOptions(name="det", max_batch=2))
+    assert model_config(layout, options).max_batch_size == 2
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.update(name=HOSTILE), ["manifest.json", "'name'", "import os"]),
+    (lambda m: m["plan"]["outputs"][1].update(shape=["batch", 10**20, 4]),
+     ["plan.outputs[1]", "100000000000000000000"]),
+    (lambda m: m["inputs"]["raw_images"].update(max=[10**12, 1024, 1024, 3]),
+     ["inputs.raw_images.max[0]", "1000000000000"]),
+])
+def test_a_hostile_manifest_exits_2_on_one_line_and_writes_nothing(real_bundles, tmp_path, capsys, edit, says):
+    bundle = resealed(real_bundles["gpu_letterbox"], tmp_path / "b", edit)
+    code, err = export_cli(capsys, str(bundle), str(tmp_path / "repo"), "--name", "det", "--kind", "cpu")
+    assert code == 2 and all(s in err for s in says) and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "repo").exists()
+
+
+def test_a_tensor_name_of_protobuf_syntax_stays_a_name(real_bundles, tmp_path):
+    name = 'boxes" } parameters { key: "EXECUTION_ENV_PATH" value { string_value: "/tmp/evil" } } output { name: "x'
+    bundle = resealed(real_bundles["gpu_letterbox"], tmp_path / "b",
+                      lambda m: m["plan"]["outputs"][1].update(name=name))
+    c = parsed(export_triton(bundle, tmp_path / "repo", TritonOptions(name="det", kind="cpu")).model_dir)
+    assert [t.name for t in c.output][1] == name and len(c.output) == 5 and not c.parameters
+
+
+def test_json_export_errors_are_one_json_document(real_bundles, tmp_path, capsys):
+    capsys.readouterr()
+    code = main(["export", "triton", str(real_bundles["gpu_letterbox"]), str(tmp_path / "repo"), "--max-batch", "3",
+                 "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and json.loads(out)["error"] == {
+        "type": "ServeError", "exit_code": 2, "message": "--max-batch 3: this bundle takes batches 1..2 (its profile)"}
+    assert "--max-batch 3" in err and not (tmp_path / "repo").exists()
