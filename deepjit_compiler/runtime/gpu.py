@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from .._optional import lazy_import
-from ..errors import KernelError, MissingDependency
+from ..errors import BundleError, KernelError, MissingDependency
 
 log = logging.getLogger("deepjit.gpu")
+MAX_DEVICE_BYTES = 1 << 40  # 1 TiB, more than any GPU holds: a larger buffer comes from a broken manifest
 driver = lazy_import("cuda.bindings.driver", "running kernels needs cuda-bindings and an NVIDIA driver")
 _core = lazy_import("cuda.core", "running kernels needs cuda-core")
 _core_experimental = lazy_import("cuda.core.experimental", "running kernels needs cuda-core")
@@ -52,6 +53,19 @@ def available() -> bool:
 def driver_version() -> int:
     """cuDriverGetVersion(), e.g. 13000 for a CUDA 13.0 driver."""
     return _ck(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+
+
+def device_nbytes(shape: Sequence[int], dtype, name: str | None = None) -> int:
+    """The bytes to allocate for `shape` x `dtype`, at least 1 (an empty tensor still gets a pointer).
+    Shapes come from a bundle's manifest: a negative dim or a size past MAX_DEVICE_BYTES is a
+    BundleError naming the tensor, raised before any allocation (max(1, ...) must not hide it)."""
+    dims = tuple(int(d) for d in shape)
+    nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+    if any(d < 0 for d in dims) or nbytes > MAX_DEVICE_BYTES:
+        raise BundleError(f"{f'tensor {name!r}' if name else 'a device buffer'}: shape {list(dims)} of {np.dtype(dtype)} "
+                          f"({nbytes} bytes) is not allocatable; allowed: dims >= 0 and at most "
+                          f"{MAX_DEVICE_BYTES} bytes (the bundle's manifest is broken or tampered with)")
+    return max(1, nbytes)
 
 
 class DeviceArray:
@@ -133,7 +147,7 @@ class Gpu:
 
     # -- memory ---------------------------------------------------------------------------------
     def empty(self, shape: Sequence[int], dtype) -> DeviceArray:
-        nbytes = max(1, math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize)
+        nbytes = device_nbytes(shape, dtype)
         return DeviceArray(self.device.allocate(nbytes, stream=self.stream), shape, dtype)
 
     def zeros(self, shape: Sequence[int], dtype) -> DeviceArray:

@@ -24,7 +24,7 @@ from ..bundle.folder import read_bundle
 from ..bundle.view import InputView
 from ..errors import MissingDependency, RuntimeInputError
 from ..files import atomic_write
-from ..images import IMAGE_SUFFIXES, read_image
+from ..images import IMAGE_SUFFIXES, read_image, read_npy, read_npz
 from ..jit.contracts import image_channels
 from ..surgery.references import letterbox_numpy
 from .cpu import CpuPipeline
@@ -147,8 +147,7 @@ def load_samples(paths: Sequence[str | Path], layout: Layout) -> list[Sample]:
             images = images or _Images(layout)
             samples.append(images.sample(path.name, read_image(path)[..., ::-1]))
         elif suffix == ".npz":
-            with np.load(path) as data:
-                arrays = {k: data[k] for k in data.files}
+            arrays = read_npz(path)
             missing = [n for n in by_name if n not in arrays]
             if missing:
                 raise RuntimeInputError(f"{path}: no array for input(s) {', '.join(missing)}; it has "
@@ -160,7 +159,7 @@ def load_samples(paths: Sequence[str | Path], layout: Layout) -> list[Sample]:
             samples += [Sample(f"{path.name}[{i}]", {n: v[i:i + 1] for n, v in rows.items()})
                         for i in range(count.pop())]
         else:
-            arr = np.load(path, allow_pickle=False)
+            arr = read_npy(path)
             if len(layout.inputs) != 1:
                 raise RuntimeInputError(f"{path}: this pipeline takes {len(layout.inputs)} inputs: give a .npz "
                                         f"with arrays named {', '.join(by_name)}")

@@ -14,21 +14,41 @@ of two pushes of one tag with different content exactly one wins and the other i
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..bundle.archive import pack_to
 from ..bundle.folder import MANIFEST, check_replaceable, declared_size, read_bundle, unpack_bundle
+from ..bundle.manifest import manifest_digest
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import atomic_write, cannot_write, remove_old_temporaries
 from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag, level_statuses
 
 log = logging.getLogger("deepjit.store")
+_MAX_TAG = 4096         # a tag holds 'sha256:<64 hex>\n': a planted giant file is not read whole
+_MAX_META = 16 << 20    # a manifest is a few KB
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` (more: a ValueError). O_NONBLOCK: a FIFO in the store
+    opens at once and is refused (an OSError) instead of waiting for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"over {limit} bytes")
+    return data
 
 
 class FileStore(Store):
@@ -68,14 +88,36 @@ class FileStore(Store):
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
     def _read_tag(self, tag: str) -> str | None:
+        """The digest the tag names, None if there is no such tag; StoreError for anything but a
+        small regular file holding a digest (a folder, a FIFO, binary junk)."""
         path = self._tags / tag
         try:
-            text = path.read_text().strip()
+            text = _read_regular(path, _MAX_TAG).decode("ascii", errors="replace").strip()
+            problem = "" if DIGEST_RE.fullmatch(text) else "it holds no digest"
         except FileNotFoundError:
             return None
-        if not DIGEST_RE.fullmatch(text):
-            raise StoreError(f"{self.url}: tag file {path} is corrupt (expected 'sha256:<hex>')")
+        except (OSError, ValueError) as e:  # its content is not echoed: the tag may be anything
+            problem = e.strerror if isinstance(e, OSError) else str(e)
+        if problem:
+            raise StoreError(f"{self.url}: tag file {path} is corrupt ({problem}; expected a regular file "
+                             "holding 'sha256:<64 hex digits>')")
         return text
+
+    def _declared_size(self, digest: str) -> int | None:
+        """The bytes the bundle `digest` unpacks to, from its stored manifest.json, trusted only when
+        that manifest's own digest is `digest` (so its sizes are the sealed ones: an edited copy must
+        not lift the gzip-bomb bound); else None, and the archive's own size bounds unpacking."""
+        meta = self._meta(digest)
+        try:
+            declared = json.loads(_read_regular(meta, _MAX_META))
+            if isinstance(declared, dict) and declared.get("digest") == digest == manifest_digest(declared):
+                return declared_size(declared)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RecursionError):
+            pass
+        log.warning("%s: %s does not match %s; its sizes are ignored", self.url, meta.name, digest)
+        return None
 
     def _tags_list(self) -> list[str]:
         if not self._tags.is_dir():
@@ -116,12 +158,7 @@ class FileStore(Store):
         if not blob.is_file():
             raise StoreError(f"{self.url}: no bundle {digest} in the store")
         try:
-            declared = json.loads(self._meta(digest).read_bytes())
-            max_bytes = declared_size(declared) if isinstance(declared, dict) else None
-        except (OSError, ValueError, RecursionError):
-            max_bytes = None  # the archive's own size bounds it then
-        try:
-            unpack_bundle(blob, Path(dest), expected_digest=digest, max_bytes=max_bytes)
+            unpack_bundle(blob, Path(dest), expected_digest=digest, max_bytes=self._declared_size(digest))
         except BundleError as e:
             raise StoreError(f"{self.url}: refusing {tag_or_digest}: the stored bundle failed verification: {e}") from None
         log.info("pulled %s from %s into %s", digest, self.url, dest)
@@ -141,7 +178,7 @@ class FileStore(Store):
                 continue
             blob, meta = self._blob(digest), self._meta(digest)
             try:
-                manifest = json.loads(meta.read_bytes())
+                manifest = json.loads(_read_regular(meta, _MAX_META))
                 name = str(manifest.get("name") or "")
             except (OSError, ValueError, AttributeError, RecursionError):
                 manifest, name = None, ""

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import SpecError
 from ..graph.tensors import TensorSig
-from ..images import IMAGE_SUFFIXES, read_image
+from ..images import IMAGE_SUFFIXES, read_image, read_npy
 from ..surgery.references import letterbox_numpy
 
 _INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
@@ -140,7 +140,7 @@ def folder_feeds(folder: Path, inputs: Mapping[str, tuple[str, tuple[int, ...]]]
     for k in range(next(iter(counts.values()))):
         feed = {}
         for name, (dtype, shape) in inputs.items():
-            array = np.load(per_input[name][k], allow_pickle=False)
+            array = read_npy(per_input[name][k])
             if array.dtype != np.dtype(dtype) or array.ndim != len(shape):
                 raise SpecError(f"{per_input[name][k]}: expected {dtype} with rank {len(shape)}, "
                                 f"got {array.dtype} {list(array.shape)}")

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import random
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from conftest import run_cli
 
 from deepjit_compiler import store
-from deepjit_compiler.bundle.folder import read_bundle, write_bundle
+from deepjit_compiler.bundle.folder import declared_size, read_bundle, write_bundle
 from deepjit_compiler.errors import BundleError, StoreError
 from deepjit_compiler.store import Ref, open_store, parse_ref
 from deepjit_compiler.store.file import FileStore
@@ -311,3 +312,81 @@ def test_a_bare_tag_push_says_it_creates_the_default_store(tmp_path):
     assert f"creating the default store {default}" in r.stderr and default.is_dir()
     r = run_cli("push", str(a.path), "v2", env=env)
     assert r.returncode == 0 and "creating the default store" not in r.stderr  # only the first time
+
+
+# ---------------------------------------------------------------------------- a store's own files are input
+def _within(seconds: float, fn, fifo: Path):
+    """fn() in a thread; if it blocks (opening the FIFO `fifo`) past `seconds`, unblock it and fail."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the test thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a writer appears: the blocked open returns
+        thread.join(seconds)
+        pytest.fail(f"blocked on the FIFO {fifo}")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@pytest.mark.parametrize("plant, problem", [
+    (lambda p, rng: p.mkdir(), "not a regular file"),
+    (lambda p, rng: p.write_bytes(b"\xff\xfe" + rng.randbytes(64)), "it holds no digest"),
+    (lambda p, rng: os.mkfifo(p), "not a regular file"),
+    (lambda p, rng: p.write_text(f"sha256:{rng.randbytes(32).hex()}" + " " * 8000), "over 4096 bytes"),
+], ids=["folder", "binary", "fifo", "oversized"])
+def test_a_tag_that_is_not_a_small_file_holding_a_digest_is_a_clear_error(tmp_path, caplog, plant, problem):
+    s = FileStore(tmp_path / "store")
+    a = make_bundle(tmp_path / "a", 40)
+    s.push(a.path, "good")
+    bad = tmp_path / "store/tags/bad"
+    plant(bad, random.Random(41))
+    message = f"tag file {bad} is corrupt \\({problem}; expected a regular file holding 'sha256:"
+    with pytest.raises(StoreError, match=message):
+        _within(10, lambda: s.pull("bad", tmp_path / "p"), bad)
+    with pytest.raises(StoreError, match=message):
+        _within(10, lambda: s.push(a.path, "bad"), bad)
+    assert [e.tag for e in _within(10, s.ls, bad)] == ["good"]     # listed without the bad one, which is named
+    assert f"tag file {bad} is corrupt" in caplog.text
+    assert not (tmp_path / "p").exists()
+
+
+def _bomb_blob(size: int) -> bytes:
+    """A tar.gz whose one member's header claims `size` bytes (the data is cut short): only the
+    bound taken before inflating tells a bomb from a truncated archive."""
+    info = tarfile.TarInfo("segments/backbone.onnx")
+    info.size = size
+    return gzip.compress(info.tobuf(format=tarfile.PAX_FORMAT) + bytes(4096), mtime=0)
+
+
+def test_pull_trusts_a_stored_manifest_json_only_when_its_digest_is_the_bundles(tmp_path, monkeypatch, caplog):
+    import deepjit_compiler.store.file as file_store
+
+    s = FileStore(tmp_path / "store")
+    a = make_bundle(tmp_path / "a", 42)
+    s.push(a.path, "v1")
+    bounds = []
+    real_unpack = file_store.unpack_bundle
+    monkeypatch.setattr(file_store, "unpack_bundle", lambda *args, **kw: bounds.append(kw["max_bytes"]) or real_unpack(*args, **kw))
+    s.pull("v1", tmp_path / "p1")                                   # the sealed manifest bounds unpacking
+    assert bounds == [declared_size(a.manifest)]
+
+    meta = tmp_path / f"store/blobs/sha256/{a.digest[7:]}.manifest.json"
+    forged = json.loads(meta.read_bytes())                          # keeps its 'digest', lifts every size
+    forged["files"] = {rel: {**e, "size": 1 << 40} for rel, e in forged["files"].items()}
+    meta.write_text(json.dumps(forged))
+    s.pull("v1", tmp_path / "p2")                                   # ignored: the archive's size bounds it
+    assert bounds[-1] is None and f"{meta.name} does not match {a.digest}" in caplog.text
+
+    (tmp_path / f"store/blobs/sha256/{a.digest[7:]}.tar.gz").write_bytes(_bomb_blob(1 << 32))
+    with pytest.raises(StoreError, match=r"refusing v1: .*holds more than the \d{8,9} bytes"):
+        s.pull("v1", tmp_path / "p3")                               # a bomb stops at that bound, not at 1 TiB
+    assert not (tmp_path / "p3").exists()

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from deepjit_compiler.errors import SpecError
+from deepjit_compiler.errors import RuntimeInputError, SpecError
 from deepjit_compiler.validation.data import (
     batch_sizes,
     concrete_shape,
@@ -45,6 +45,28 @@ def test_folder_feeds_load_npy_samples_in_order_and_check_dtype(tmp_path):
         folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
     with pytest.raises(SpecError, match="<input>_<k>.npy"):
         folder_feeds(tmp_path, {"other": ("float32", (1,))})
+
+
+@pytest.mark.parametrize("write, says", [
+    (lambda p, rng: np.save(p, np.array([{"k": 1}] * 2, dtype=object), allow_pickle=True), "Object arrays"),
+    (lambda p, rng: p.write_bytes(b"\x80\x04" + rng.bytes(200)), "pickled data"),
+    (lambda p, rng: p.write_bytes(b"\x93NUMPY" + rng.bytes(50)), ""),
+], ids=["object", "pickled", "garbage"])
+def test_a_folder_npy_that_is_not_a_plain_array_names_the_file(tmp_path, write, says):
+    rng = np.random.default_rng(41)
+    np.save(tmp_path / "images_0.npy", rng.normal(size=(1, 3, 4, 4)).astype(np.float32))
+    write(tmp_path / "images_1.npy", rng)
+    with pytest.raises(RuntimeInputError, match=rf"images_1\.npy: cannot read it as a \.npy array .*{says}.*allowed"):
+        folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
+
+
+def test_a_folder_image_past_the_pixel_limit_names_the_file(tmp_path, monkeypatch):
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    rgb = np.random.default_rng(42).integers(0, 256, (40, 30, 3), dtype=np.uint8)
+    image_mod.fromarray(rgb).save(tmp_path / "a.png")
+    monkeypatch.setattr(image_mod, "MAX_IMAGE_PIXELS", 400)
+    with pytest.raises(RuntimeInputError, match=r"a\.png: the image is too large.*at most 800 pixels"):
+        folder_feeds(tmp_path, {"images": ("float32", (1, 3, 16, 16))})
 
 
 def test_folder_of_images_is_read_as_bgr_and_letterboxed(tmp_path):

@@ -1,0 +1,58 @@
+"""`deepjit run`'s inputs (CPU): a file that is not a plain array or a decodable image is a clear
+error naming it (exit code 2), never a traceback."""
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from deepjit_compiler.bundle.folder import read_bundle
+from deepjit_compiler.errors import RuntimeInputError
+from deepjit_compiler.runtime import run as runbundle
+from deepjit_compiler.runtime.layout import Layout
+
+
+@pytest.fixture(scope="module")
+def t4_layout(t4_build) -> Layout:
+    return Layout.from_bundle(read_bundle(t4_build.bundle.path))
+
+
+def write_bad_inputs(folder, rng) -> dict[str, str]:
+    """Seeded malformed inputs: {file name: what np.load or Pillow says about it}."""
+    np.save(folder / "obj.npy", np.array([{"k": 1}, None], dtype=object), allow_pickle=True)
+    (folder / "pickled.npy").write_bytes(b"\x80\x04" + rng.bytes(300))
+    buf = io.BytesIO()
+    np.save(buf, rng.random((1, 3, 640, 640), dtype=np.float32))
+    (folder / "trunc.npy").write_bytes(buf.getvalue()[:1000])
+    np.savez(folder / "obj.npz", images=np.array([object()], dtype=object))
+    (folder / "garbage.npz").write_bytes(b"PK\x03\x04" + rng.bytes(400))
+    with zipfile.ZipFile(folder / "member.npz", "w") as z:
+        z.writestr("images.npy", b"\x93NUMPY" + rng.bytes(100))
+    return {"obj.npy": "Object arrays", "pickled.npy": "pickled data", "trunc.npy": "reshape",
+            "obj.npz": "Object arrays", "garbage.npz": "zip", "member.npz": ""}
+
+
+def test_unreadable_tensor_files_name_the_file(tmp_path, t4_layout):
+    for name, says in write_bad_inputs(tmp_path, np.random.default_rng(31)).items():
+        kind = name.rsplit(".", 1)[1]
+        with pytest.raises(RuntimeInputError, match=rf"{name}: cannot read it as a \.{kind} .*{says}.*allowed: numeric"):
+            runbundle.load_samples([tmp_path / name], t4_layout)
+
+
+def test_an_image_past_the_pixel_limit_is_a_clear_error(tmp_path, t4_layout, monkeypatch):
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    image_mod.fromarray(np.random.default_rng(32).integers(0, 256, (48, 40, 3), dtype=np.uint8)).save(tmp_path / "b.png")
+    monkeypatch.setattr(image_mod, "MAX_IMAGE_PIXELS", 500)
+    with pytest.raises(RuntimeInputError, match=r"b\.png: the image is too large.*at most 1000 pixels"):
+        runbundle.load_samples([tmp_path / "b.png"], t4_layout)
+
+
+def test_run_exits_2_naming_a_pickled_input(tmp_path, t4_build):
+    write_bad_inputs(tmp_path, np.random.default_rng(33))
+    for name in ("obj.npy", "garbage.npz"):
+        r = run_cli("run", str(t4_build.bundle.path), "-i", str(tmp_path / name), "--device", "cpu")
+        assert r.returncode == 2, r.stderr
+        assert f"{tmp_path / name}: cannot read it as" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,112 @@
+"""Input files (images, .npy, .npz) that cannot be read are clear errors naming the file, never a bug."""
+from __future__ import annotations
+
+import io
+import os
+import threading
+import zipfile
+
+import numpy as np
+import pytest
+
+from deepjit_compiler.errors import RuntimeInputError
+from deepjit_compiler.images import read_image, read_npy, read_npz
+
+
+def npy_bytes(arr: np.ndarray, *, allow_pickle: bool = False) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=allow_pickle)
+    return buf.getvalue()
+
+
+def huge_npy_header() -> bytes:
+    """A valid .npy header claiming 10**12 float32s (4 TiB), then a few bytes."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": (10**12,)})
+    return buf.getvalue() + bytes(64)
+
+
+def call_with_timeout(fn, path, seconds: float = 10.0):
+    """fn(path) in a thread; if it is still blocked (on a FIFO) after `seconds`, unblock it and fail."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn(path)
+        except BaseException as e:  # handed to the test thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # a writer appears: the blocked open returns
+        thread.join(seconds)
+        pytest.fail(f"{fn.__name__} blocked on the FIFO {path}")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_an_image_past_the_pixel_limit_is_refused_naming_the_file_and_the_limit(tmp_path, monkeypatch):
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    rgb = np.random.default_rng(21).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    image_mod.fromarray(rgb).save(tmp_path / "big.png")
+    np.testing.assert_array_equal(read_image(tmp_path / "big.png"), rgb)
+    monkeypatch.setattr(image_mod, "MAX_IMAGE_PIXELS", 1000)  # 4096 pixels is past twice that
+    with pytest.raises(RuntimeInputError, match=r"big\.png: the image is too large.*at most 2000 pixels"):
+        read_image(tmp_path / "big.png")
+
+
+def test_undecodable_images_name_the_file(tmp_path):
+    pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    (tmp_path / "junk.png").write_bytes(np.random.default_rng(22).bytes(300))
+    with pytest.raises(RuntimeInputError, match=r"junk\.png: cannot decode the image.*\.jpg"):
+        read_image(tmp_path / "junk.png")
+    (tmp_path / "folder.png").mkdir()
+    with pytest.raises(RuntimeInputError, match=r"folder\.png: cannot decode the image \(.*not a regular file"):
+        read_image(tmp_path / "folder.png")
+
+
+@pytest.mark.parametrize("reader, name", [(read_image, "fifo.png"), (read_npy, "fifo.npy"), (read_npz, "fifo.npz")])
+def test_a_fifo_is_refused_at_once(tmp_path, reader, name):
+    pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    os.mkfifo(tmp_path / name)
+    with pytest.raises(RuntimeInputError, match=f"{name}: .*not a regular file"):
+        call_with_timeout(reader, tmp_path / name)
+
+
+@pytest.mark.parametrize("content, message", [
+    (lambda rng: npy_bytes(np.array([{"a": 1}, None], dtype=object), allow_pickle=True), "Object arrays"),
+    (lambda rng: b"\x80\x04" + rng.bytes(200), "pickled data"),
+    (lambda rng: npy_bytes(rng.random((2, 3, 8, 8), dtype=np.float32))[:300], "cannot reshape|size"),
+    (lambda rng: huge_npy_header(), "allocate"),
+    (lambda rng: b"", "No data|EOF|empty"),
+], ids=["object", "pickled", "truncated", "huge", "empty"])
+def test_npy_files_that_are_not_plain_arrays_name_the_file(tmp_path, content, message):
+    path = tmp_path / "bad.npy"
+    path.write_bytes(content(np.random.default_rng(23)))
+    with pytest.raises(RuntimeInputError, match=rf"bad\.npy: cannot read it as a \.npy array \(.*({message}).*\); "
+                                                r"allowed: numeric arrays"):
+        read_npy(path)
+
+
+def corrupt_member(data: bytes) -> bytes:
+    """The .npz with a byte of its (stored) member flipped: its CRC no longer matches."""
+    at = len(data) // 2
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
+def test_npz_files_that_are_not_plain_arrays_name_the_file(tmp_path):
+    rng = np.random.default_rng(24)
+    good = rng.random((2, 5), dtype=np.float32)
+    np.savez(tmp_path / "good.npz", images=good)
+    np.testing.assert_array_equal(read_npz(tmp_path / "good.npz")["images"], good)
+    np.savez(tmp_path / "obj.npz", images=np.array([object()] * 2, dtype=object))
+    (tmp_path / "garbage.npz").write_bytes(b"PK\x03\x04" + rng.bytes(500))
+    (tmp_path / "crc.npz").write_bytes(corrupt_member((tmp_path / "good.npz").read_bytes()))
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as z:
+        z.writestr("images.npy", huge_npy_header())
+    for name in ("obj.npz", "garbage.npz", "crc.npz", "huge.npz"):
+        with pytest.raises(RuntimeInputError, match=rf"{name}: cannot read it as a \.npz of arrays \(.*\); allowed"):
+            read_npz(tmp_path / name)
