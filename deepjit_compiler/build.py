@@ -19,7 +19,7 @@ import onnx
 from .bundle.contents import bundle_files, bundle_manifest
 from .bundle.folder import StagedBundle, check_archive_replaceable, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
-from .errors import GateFailed, KernelError, OutputError
+from .errors import GateFailed, KernelError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
 from .graph.serialize import model_bytes
 from .jit.contracts import declared_detections, load_contract, resolve_params
@@ -36,13 +36,12 @@ from .store.publish import publish as push
 from .surgery.cut import plan_from_model
 from .validation.data import feeds_for
 from .validation.engine import engine_level
-from .validation.gate import GateReport, LevelResult
+from .validation.gate import BUILD_REPORT, GateReport, LevelResult, check_report_folder
 from .validation.gpu import gpu_levels
 from .validation.graph import graph_level
 from .validation.precision import precision_stage
 
 log = logging.getLogger("deepjit.build")
-REPORT_FILE = "build-report.json"
 
 
 @dataclass
@@ -123,7 +122,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         check_replaceable(spec.bundle.path)
         if spec.bundle.archive:
             check_archive_replaceable(spec.bundle.path)
-        check_report_replaceable(report_path(spec.bundle.path))
+        check_report_folder(report_path(spec.bundle.path))
         (report_dir := stage / "report").mkdir()
         _build(result, report_dir)
     if result.rejected is not None:
@@ -178,7 +177,7 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     if result.bundle.path != spec.bundle.path:  # rejected: the report goes with the bundle
         result.rejected = result.bundle.path
     final = report_path(result.bundle.path)
-    check_report_replaceable(final)
+    check_report_folder(final)
     _write_report(result, report_dir)
     replace_dir(report_dir, final)
 
@@ -260,21 +259,8 @@ def report_path(bundle_path: Path) -> Path:
     return Path(f"{bundle_path}.report")
 
 
-def check_report_replaceable(folder: Path) -> None:
-    """A build report folder is replaced only when it holds nothing but what a build writes there."""
-    if not folder.exists() and not folder.is_symlink():
-        return
-    if folder.is_symlink() or not folder.is_dir():
-        raise OutputError(f"{folder}: exists and is not a build report folder; refusing to replace it")
-    foreign = sorted(p.name for p in folder.iterdir()
-                     if not (p.is_file() and (p.name == REPORT_FILE or p.name.endswith(".runresults.json"))))
-    if foreign:
-        raise OutputError(f"{folder}: holds files DeepJIT did not write ({', '.join(foreign[:3])}); refusing to "
-                          "replace the build report there: move them away")
-
-
 def _write_report(result: BuildResult, folder: Path) -> None:
     """build-report.json: timings and everything that must not be in the manifest."""
     text = json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str) + "\n"
-    atomic_write(folder / REPORT_FILE, text.encode())
+    atomic_write(folder / BUILD_REPORT, text.encode())
 

@@ -29,8 +29,10 @@ def _settings(view: BundleView) -> dict:
     return {**settings, "timing_cache": None}
 
 
-def materialize_bundle(bundle_path: Path, *, timing_cache: Path | None = None) -> tuple[BundleInfo, GateReport]:
+def materialize_bundle(bundle_path: Path, *, timing_cache: Path | None = None,
+                       data: Path | None = None) -> tuple[BundleInfo, GateReport]:
     view = read_bundle(bundle_path)
+    spec = view.spec(data)  # its validation data is refused or named before minutes of plan building
     engine = view.engine
     has_trt = {name for name, plans in engine.plans.items() if any(p.flavour == TENSORRT.name for p in plans)}
     todo = {name: files for name, files in engine.segments.items() if name not in has_trt}
@@ -46,7 +48,7 @@ def materialize_bundle(bundle_path: Path, *, timing_cache: Path | None = None) -
             raise BundleError(f"{bundle_path}: segment '{name}' carries no ONNX to build a plan from")
         segments[name] = view.file(onnx_files[0])
     artifacts = materialize(segments, _settings(view), timing_cache=timing_cache)
-    report = GateReport.from_record(view.levels).with_levels(plans_level(view, view.spec(), artifacts))
+    report = GateReport.from_record(view.levels).with_levels(plans_level(view, spec, artifacts))
     files = {engine_path(a.plan.file): a.files[a.plan.file] for a in artifacts.values()}
     plans = {name: [*(view.manifest["engine"].get("plans") or {}).get(name, ()),
                     {**a.plan.to_record(), "file": engine_path(a.plan.file)}] for name, a in artifacts.items()}

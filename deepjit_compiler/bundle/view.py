@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from google.protobuf.message import DecodeError
+from onnx.external_data_helper import load_external_data_for_model
 from pydantic import ValidationError
 
 from ..engines.flavours import flavour_of_plan
@@ -22,10 +24,9 @@ from ..errors import BundleError, KernelError, closest
 from ..graph.tensors import TensorSig
 from ..jit.contracts import Contract, DetectionOutputs, detection_outputs, load_contract
 from ..jit.nvrtc import CompiledKernel
-from ..spec.models import Spec
+from ..spec.models import Data, Spec
 from ..spec.safeyaml import load_yaml, read_text
-
-STEP_KINDS = ("segment", "kernel", "added")
+from .checks import as_list, check_data_folder, check_external_data, check_manifest, input_profile
 
 
 def _field(mapping: Any, key: str, where: str) -> Any:
@@ -34,11 +35,8 @@ def _field(mapping: Any, key: str, where: str) -> Any:
     return mapping[key]
 
 
-def _tensors(items: Any, where: str) -> tuple[TensorSig, ...]:
-    try:
-        return tuple(TensorSig(t["name"], t["dtype"], tuple(t["shape"])) for t in items)
-    except (KeyError, TypeError) as e:
-        raise BundleError(f"manifest {where}: malformed tensor list ({e})") from None
+def _tensors(items: Any) -> tuple[TensorSig, ...]:
+    return tuple(TensorSig(t["name"], t["dtype"], tuple(t["shape"])) for t in items)
 
 
 def sm_of(arch: Any, where: str) -> int:
@@ -137,88 +135,68 @@ class EngineView:
         return tuple(p.file for p in self.plans.get(segment, ()))
 
 
-def _kernel(step: str, index: int, entry: Any) -> KernelView:
-    where = f"plan.steps[{step}].kernels[{index}]"
-    contract = str(_field(entry, "contract", where))
-    files = _field(entry, "files", where)
-    if not isinstance(files, Mapping) or not all(isinstance(v, str) for v in files.values()):
-        raise BundleError(f"manifest: '{where}.files' is not a mapping of bundle paths")
-    return KernelView(step, index, contract, dict(_field(entry, "params", where)),
-                      sm_of(entry.get("arch", ""), f"{step}/{contract}"), dict(files), entry)
+# The parsers below read a manifest that checks.check_manifest has given its shape (types, names).
+def _kernel(step: str, index: int, entry: Mapping[str, Any]) -> KernelView:
+    contract = entry["contract"]
+    return KernelView(step, index, contract, dict(entry["params"]), sm_of(entry.get("arch", ""), f"{step}/{contract}"),
+                      dict(entry["files"]), entry)
 
 
-def _step(i: int, s: Any) -> StepView:
-    kind, name = _field(s, "kind", f"plan.steps[{i}]"), _field(s, "name", f"plan.steps[{i}]")
-    if kind not in STEP_KINDS:
-        raise BundleError(f"manifest: step '{name}' has kind {kind!r}; known: {', '.join(STEP_KINDS)}")
+def _step(s: Mapping[str, Any]) -> StepView:
+    kind, name = s["kind"], s["name"]
     file = _field(s, "file" if kind == "segment" else "reference", f"plan.steps[{name}]")
     kernels = tuple(_kernel(name, j, k) for j, k in enumerate(s.get("kernels") or ()))
     if kind != "segment" and not kernels:
         raise BundleError(f"manifest: step '{name}' ({kind}) has no compiled kernels")
-    return StepView(name, kind, _tensors(s.get("inputs", ()), f"step {name} inputs"),
-                    _tensors(s.get("outputs", ()), f"step {name} outputs"), file, kernels,
+    return StepView(name, kind, _tensors(s.get("inputs") or ()), _tensors(s.get("outputs") or ()), file, kernels,
                     dict(s.get("facts") or s.get("params") or {}), s.get("position"))
 
 
-def _inputs(manifest: Mapping[str, Any], plan: Mapping[str, Any]) -> tuple[InputView, ...]:
-    declared = manifest.get("inputs") or {}
+def _inputs(declared: Mapping[str, Any], plan: Mapping[str, Any]) -> tuple[InputView, ...]:
     out = []
-    for t in _tensors(_field(plan, "inputs", "plan"), "plan.inputs"):
+    for t in _tensors(_field(plan, "inputs", "plan")):
         d = declared.get(t.name) or {}
         if not d and not t.is_static:
             raise BundleError(f"manifest: input '{t.name}' has symbolic dims {list(t.shape)} but no "
                               "inputs.<name>.min/max profile")
-        lo, opt, hi = (tuple(d.get(k) or t.shape) for k in ("min", "opt", "max"))
-        buckets = tuple(sorted({int(b) for b in (d.get("buckets") or ()) if lo[0] <= int(b) <= hi[0]} | {hi[0]}))
+        lo, opt, hi = input_profile(t, d)
+        buckets = tuple(sorted({b for b in (d.get("buckets") or ()) if lo[0] <= b <= hi[0]} | {hi[0]}))
         out.append(InputView(t.name, t.dtype, t.shape, lo, opt, hi, buckets))
     return tuple(out)
-
-
-def _files_by_segment(value: Any, where: str) -> dict[str, tuple[str, ...]]:
-    if not isinstance(value, Mapping):
-        raise BundleError(f"manifest: '{where}' is not a mapping of segment names to files")
-    return {str(k): tuple(v) if isinstance(v, (list, tuple)) else (str(v),) for k, v in value.items()}
 
 
 def _plan(segment: str, entry: Any) -> PlanView:
     if isinstance(entry, str):  # a bare file name: what is known is its flavour, by its name
         f = flavour_of_plan(entry)
         return PlanView(segment, entry, f.name, f.module_name, "", (), None, (), (), {}, "")
-    where = f"engine.plans[{segment}]"
-    try:
-        return PlanView(segment, str(_field(entry, "file", where)), str(_field(entry, "flavour", where)),
-                        str(entry.get("library", "")), str(entry.get("version", "")),
-                        tuple(str(c) for c in entry.get("compute_capabilities") or ()),
-                        entry.get("network_layers"), tuple(entry.get("inputs") or ()), tuple(entry.get("outputs") or ()),
-                        dict(entry.get("profiles") or {}), str(entry.get("key", "")))
-    except (TypeError, ValueError) as e:
-        raise BundleError(f"manifest: '{where}' is malformed ({e})") from None
+    return PlanView(segment, entry["file"], entry["flavour"], entry.get("library", ""), entry.get("version", ""),
+                    tuple(entry.get("compute_capabilities") or ()), entry.get("network_layers"),
+                    tuple(entry.get("inputs") or ()), tuple(entry.get("outputs") or ()),
+                    dict(entry.get("profiles") or {}), entry.get("key", ""))
 
 
-def _plans(value: Any) -> dict[str, tuple[PlanView, ...]]:
-    if not isinstance(value, Mapping):
-        raise BundleError("manifest: 'engine.plans' is not a mapping of segment names to plans")
-    return {str(k): tuple(_plan(str(k), p) for p in (v if isinstance(v, (list, tuple)) else [v]))
-            for k, v in value.items()}
-
-
-def _engine(e: Any) -> EngineView:
-    if not isinstance(e, Mapping):
+def _engine(e: Mapping[str, Any] | None) -> EngineView:
+    if e is None:
         return EngineView("onnxruntime", False, "", "fp32", {}, {}, {})
-    return EngineView(str(e.get("backend", "")), bool(e.get("deferred")), str(e.get("reason", "")),
-                      str(e.get("precision", "fp32")), dict(e.get("settings") or {}),
-                      _files_by_segment(e.get("segments") or {}, "engine.segments"), _plans(e.get("plans") or {}))
+    return EngineView(e.get("backend", ""), bool(e.get("deferred")), e.get("reason", ""),
+                      e.get("precision") or "fp32", dict(e.get("settings") or {}),
+                      {k: tuple(as_list(v)) for k, v in (e.get("segments") or {}).items()},
+                      {k: tuple(_plan(k, p) for p in as_list(v)) for k, v in (e.get("plans") or {}).items()})
 
 
 class BundleView:
     """A bundle: its folder (`root`), what read_bundle was given (`source`), the manifest as written, and
     the manifest's content, typed and parsed once on first use (a bundle of other fields, as the store
-    tests write, is still a bundle). Made by `read_bundle` (verified) or over a build's staged files."""
+    tests write, is still a bundle). Made by `read_bundle` (verified) or over a build's staged files.
+    A pulled bundle is untrusted: the typed content is read only once its shape is checked (checks.py),
+    and an ONNX file only once it is known to read no file but the bundle's."""
 
     def __init__(self, root: Path, manifest: Mapping[str, Any], source: Path | None = None, keep: Any = None):
         self.root, self.manifest = Path(root), manifest
         self.source = Path(source) if source is not None else self.root
         self._keep = keep  # a temporary folder that lives as long as this view
+        self._onnx_checked: set[str] = set()
+        self._sections_checked: set[str] = set()
 
     def __repr__(self) -> str:
         return f"BundleView({str(self.source)!r}, {self.digest or 'unsealed'})"
@@ -229,41 +207,82 @@ class BundleView:
 
     @property
     def name(self) -> str:
-        return str(self.manifest.get("name") or "")
+        return self._section("name") or ""
 
     @property
     def files(self) -> Mapping[str, Mapping[str, Any]]:
         return self.manifest.get("files") or {}
 
     def file(self, path: str) -> Path:
-        """The on-disk path of the bundle file `path` (as listed in the manifest)."""
+        """The on-disk path of the bundle file `path` (as listed in the manifest). An ONNX file is checked
+        first (_load_onnx): whoever reads it (onnx, ONNX Runtime from its bytes, TensorRT's parser) then
+        reads no file the bundle does not hold."""
+        full = self._listed(path)
+        if path.endswith(".onnx") and path not in self._onnx_checked:
+            self._load_onnx(path, full)
+        return full
+
+    def _listed(self, path: str) -> Path:
         if path not in self.files:
             raise BundleError(f"{self.source}: no file '{path}' in the bundle{closest(path, self.files)}")
         return self.root / path
 
     def onnx(self, path: str) -> onnx.ModelProto:
-        return onnx.load(str(self.file(path)))
+        """The bundle's ONNX file `path` with its weights: inline, or for the reference model in bundle
+        files beside it (the build copies a model's external data so)."""
+        full = self._listed(path)
+        model = self._load_onnx(path, full)
+        if path == self.reference_model:
+            try:
+                load_external_data_for_model(model, str(full.parent))
+            except (OSError, ValueError, onnx.checker.ValidationError) as e:
+                raise BundleError(f"{self.source}: '{path}': its external weights cannot be read ({e})") from None
+        return model
+
+    def _load_onnx(self, path: str, full: Path) -> onnx.ModelProto:
+        """The model without its external data, refused if it names any (ONNX Runtime would look for it
+        in the working folder), but for the reference model's files beside it in the bundle."""
+        try:
+            model = onnx.load(str(full), load_external_data=False)
+        except (DecodeError, OSError, ValueError) as e:
+            raise BundleError(f"{self.source}: '{path}' is not a readable ONNX model ({e})") from None
+        beside = self.files if path == self.reference_model else ()
+        check_external_data(model, path, lambda rel: rel in beside, str(self.source))
+        self._onnx_checked.add(path)
+        return model
 
     # -- the content, typed --------------------------------------------------------------------------
+    def _section(self, key: str) -> Any:
+        """The manifest's top-level field `key` (None when absent), once its shape is what DeepJIT writes:
+        what every typed field below reads. Only the fields read are checked (a bundle of other fields,
+        as the store tests write, is still a bundle)."""
+        if key not in self._sections_checked:
+            check_manifest({key: self.manifest[key]} if key in self.manifest else {}, str(self.source))
+            self._sections_checked.add(key)
+        return self.manifest.get(key)
+
     @cached_property
     def _plan(self) -> Mapping[str, Any]:
-        return _field(self.manifest, "plan", "")
+        plan = self._section("plan")
+        if plan is None:
+            raise BundleError("manifest: 'plan' is missing (a bundle from another DeepJIT version?)")
+        return plan
 
     @cached_property
     def inputs(self) -> tuple[InputView, ...]:
-        return _inputs(self.manifest, self._plan)
+        return _inputs(self._section("inputs") or {}, self._plan)
 
     @cached_property
     def outputs(self) -> tuple[TensorSig, ...]:
-        return _tensors(_field(self._plan, "outputs", "plan"), "plan.outputs")
+        return _tensors(self._plan["outputs"])
 
     @cached_property
     def steps(self) -> tuple[StepView, ...]:
-        return tuple(_step(i, s) for i, s in enumerate(_field(self._plan, "steps", "plan")))
+        return tuple(_step(s) for s in self._plan["steps"])
 
     @cached_property
     def engine(self) -> EngineView:
-        return _engine(self.manifest.get("engine"))
+        return _engine(self._section("engine"))
 
     @property
     def precision(self) -> str:
@@ -271,33 +290,30 @@ class BundleView:
 
     @property
     def target_sm(self) -> int | None:
-        return (self.manifest.get("target") or {}).get("sm")
+        return (self._section("target") or {}).get("sm")
 
     @property
     def target_gpu(self) -> str | None:
-        return (self.manifest.get("target") or {}).get("gpu")
+        return (self._section("target") or {}).get("gpu")
 
     @property
     def toolchain(self) -> Mapping[str, str]:
         """The versions that made the bundle: DeepJIT, NVRTC, ONNX, ONNX Runtime, Polygraphy, ..."""
-        value = self.manifest.get("toolchain")
-        return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+        return {k: str(v) for k, v in (self._section("toolchain") or {}).items()}
 
     @property
     def spec_sha256(self) -> str | None:
-        spec = self.manifest.get("spec")
-        return spec.get("sha256") if isinstance(spec, Mapping) else None
+        return (self._section("spec") or {}).get("sha256")
 
     @property
     def model_sha256(self) -> str | None:
         """The sha256 of the model the bundle was built from (its file is in the bundle only on request)."""
-        model = self.manifest.get("model")
-        return model.get("sha256") if isinstance(model, Mapping) else None
+        return (self._section("model") or {}).get("sha256")
 
     @property
     def levels(self) -> Mapping[str, Any]:
         """The validation record: level -> {status, reason, outputs}."""
-        return (self.manifest.get("validation") or {}).get("levels") or {}
+        return (self._section("validation") or {}).get("levels") or {}
 
     def step(self, name: str) -> StepView:
         for s in self.steps:
@@ -334,18 +350,24 @@ class BundleView:
     def compiled(self, kernel: KernelView) -> CompiledKernel:
         """The kernel as it was compiled: its record and its binaries, read from the bundle."""
         try:
-            cubin, ptx = self.file(kernel.files["cubin"]).read_bytes(), self.file(kernel.files["ptx"]).read_text()
+            cubin, ptx = self.file(kernel.files["cubin"]).read_bytes(), self._text(kernel.files["ptx"])
         except KeyError as e:
             raise BundleError(f"{self.source}: kernel {kernel.name} lists no {e} file") from None
         source = kernel.files.get("source")
         contract = kernel.files.get("contract")
         try:
             return CompiledKernel.from_dict(kernel.entry, cubin=cubin, ptx=ptx,
-                                            code=self.file(source).read_text() if source else "",
+                                            code=self._text(source) if source else "",
                                             filename=(source or "").rsplit("/", 1)[-1],
                                             contract_path=str(self.file(contract)) if contract else "")
         except KernelError as e:
             raise BundleError(f"{self.source}: manifest: {e}") from None
+
+    def _text(self, path: str) -> str:
+        try:
+            return self.file(path).read_bytes().decode()
+        except UnicodeDecodeError as e:
+            raise BundleError(f"{self.source}: '{path}' is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
     @cached_property
     def detections(self) -> tuple[DetectionOutputs, ...]:
@@ -356,9 +378,8 @@ class BundleView:
     @property
     def reference_model(self) -> str | None:
         """The bundle path of the fp32 model it was built from, when it carries it (`bundle.reference_model`)."""
-        model = self.manifest.get("model")
-        file = model.get("file") if isinstance(model, Mapping) else None
-        return file if isinstance(file, str) and file in self.files else None
+        file = (self._section("model") or {}).get("file")
+        return file if file in self.files else None
 
     def model_file(self) -> str:
         if self.reference_model is None:
@@ -366,12 +387,19 @@ class BundleView:
                               "`bundle.reference_model: true` to re-validate it end to end)")
         return self.reference_model
 
-    def spec(self) -> Spec:
-        """The spec the bundle was built from (its text is in the bundle); paths resolve inside it."""
-        path = self.file(str(_field(self.manifest.get("spec"), "file", "spec")))
-        data, _ = load_yaml(read_text(path, BundleError, "the bundle's spec"), path, BundleError)
+    def spec(self, data: Path | None = None) -> Spec:
+        """The spec the bundle was built from (its text is in the bundle); paths resolve inside it, and
+        the validation data it names is generated or inside the bundle. `data`: a folder the user names
+        (`--data`) to validate on instead: a bundle never picks this machine's files, its user may."""
+        path = self.file(_field(self._section("spec"), "file", "spec"))
+        doc, _ = load_yaml(read_text(path, BundleError, "the bundle's spec"), path, BundleError)
         try:
-            return Spec.model_validate(data, context={"base": self.root})
+            spec = Spec.model_validate(doc, context={"base": self.root})
         except ValidationError as e:
             raise BundleError(f"{self.source}: its spec.yaml is not a valid spec ({e.error_count()} problems: "
                               f"{e.errors()[0]['msg']})") from None
+        if data is not None:
+            return spec.model_copy(update={"validation": spec.validation.model_copy(
+                update={"data": Data(folder=Path(data).resolve())})})
+        check_data_folder(spec.validation.data.folder, self.root, str(self.source))
+        return spec

@@ -8,6 +8,7 @@ Levels: `graph` (reassembly, CPU), `precision` (precision-rewritten segments vs 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +24,7 @@ from polygraphy.comparator.compare import SimpleCompareFunc
 from polygraphy.logger import G_LOGGER
 
 from .. import config
+from ..errors import OutputError
 from ..files import atomic_write
 from ..jit.contracts import DetectionOutputs
 from ..spec.models import LEVELS
@@ -31,6 +33,12 @@ from .detections import DETECTION_KEYS, evaluate_detections, images_from_batch
 
 log = logging.getLogger("deepjit.gate")
 G_LOGGER.module_severity = G_LOGGER.ERROR  # Polygraphy's per-output chatter goes to our summary instead
+
+RUN_RESULTS = ".runresults.json"
+BUILD_REPORT = "build-report.json"  # what build.py writes beside the RunResults
+# A report's name is made of level and step names, a pulled bundle's among them: it must stay one
+# plain file name inside the report folder, whatever a name holds.
+_REPORT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +179,7 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
     failed comparison (of every one with $DEEPJIT_KEEP_RUN_RESULTS) are saved there as
     `<report_name or level>.runresults.json`.
     """
+    report = report_file(report_dir, report_name or level) if report_dir is not None else None
     for runner in (reference, candidate):
         if isinstance(runner, FunctionRunner) and runner._meta is None:
             runner._meta = metadata_from(feeds)
@@ -189,9 +198,32 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
         label = "detections" if len(groups) == 1 else f"detections ({g.count})"
         outputs.append(_compare_detections(label, g, ref_iters, test_iters, tolerances.detections, labels))
     result = from_outputs(level, outputs)
-    if report_dir is not None and (result.status == "failed" or config.keep_run_results()):
-        atomic_write(report_dir / f"{report_name or level}.runresults.json", run_results.to_json().encode())
+    if report is not None and (result.status == "failed" or config.keep_run_results()):
+        atomic_write(report, run_results.to_json().encode())
     return result
+
+
+def report_file(report_dir: Path, name: str) -> Path:
+    """`<report_dir>/<name>.runresults.json`; OutputError unless `name` is a plain file name."""
+    if not _REPORT_NAME.fullmatch(name):
+        raise OutputError(f"{report_dir}: cannot name a report {name!r}: a report's name is letters, digits, '_', "
+                          "'.', '+' and '-', not starting with '.', '+' or '-', at most 200 characters")
+    return Path(report_dir) / f"{name}{RUN_RESULTS}"
+
+
+def check_report_folder(folder: Path) -> None:
+    """OutputError unless `folder` is absent or a report folder as DeepJIT writes it (RunResults and a
+    build report, nothing else): a user's own folder of that name, or a link, is never written into."""
+    folder = Path(folder)
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        raise OutputError(f"{folder}: exists and is not a report folder; refusing to write the report there")
+    foreign = sorted(p.name for p in folder.iterdir()
+                     if p.is_symlink() or not p.is_file() or not (p.name == BUILD_REPORT or p.name.endswith(RUN_RESULTS)))
+    if foreign:
+        raise OutputError(f"{folder}: holds files DeepJIT did not write ({', '.join(foreign[:3])}); refusing to "
+                          "write the report there: move them away")
 
 
 def _compare_dense(run_results: RunResults, ref_name: str, test_name: str, names: list[str], tolerances):

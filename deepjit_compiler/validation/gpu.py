@@ -16,7 +16,7 @@ from ..runtime.gpu import Gpu
 from .data import Feeds, feeds_for, row_labels
 from .end_to_end import end_to_end_level
 from .engine import bundle_plans_level
-from .gate import GateReport, LevelResult, not_run
+from .gate import GateReport, LevelResult, check_report_folder, not_run
 from .kernels import kernels_level
 
 
@@ -47,16 +47,21 @@ def gpu_levels(bundle: BundleView, spec, report_dir: Path | None = None,
     return run_gpu_levels(bundle, spec, report_dir, original)
 
 
-def validate_bundle(bundle_path: Path, *, engine: str = "auto") -> tuple[BundleView, list[LevelResult]]:
+def validate_bundle(bundle_path: Path, *, engine: str = "auto",
+                    data: Path | None = None) -> tuple[BundleView, list[LevelResult]]:
     """Re-run the levels this machine can run (GPU levels; the engine level where plans exist) and
-    record them in the bundle. graph and precision results stay as the build recorded them."""
+    record them in the bundle. graph and precision results stay as the build recorded them. `data`: a
+    folder of validation data here, instead of what the bundle's spec names."""
     if not Path(bundle_path).is_dir():
         raise BundleError(f"{bundle_path}: `deepjit validate` records its results in a bundle folder; "
                           "unpack the archive first (`deepjit pull REF DIR`)")
     view = read_bundle(bundle_path)
+    report_dir = Path(f"{view.root}.report")  # as the build names it, and refused as it refuses it
+    check_report_folder(report_dir)
+    spec = view.spec(data)  # before the GPU check: a bad data folder is named wherever validate runs
     if local_device_sm() is None:
         raise_no_gpu()
-    levels = run_gpu_levels(view, report_dir=Path(f"{view.root}.report"), engine=engine)
+    levels = run_gpu_levels(view, spec, report_dir=report_dir, engine=engine)
     if not view.engine.plans:
         levels.append(not_run("engine", "no TensorRT plans in the bundle: `deepjit materialize` on the target"))
     report = GateReport.from_record(view.levels).with_levels(*levels)

@@ -12,6 +12,7 @@ a kernel by name: a user's contract is checked the same way as a built-in one.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -39,6 +40,13 @@ def kernels_level(gpu, bundle: BundleView, models: Mapping[str, onnx.ModelProto]
             outputs += [r for k in step.kernels if check.needs_twin(step, k) for r in check.twin(step, k)]
         outputs += check.chain(run)
     return from_outputs("kernels", outputs, f"each kernel against its reference on sm_{gpu.sm} ({gpu.name})")
+
+
+def _report_name(label: str) -> str:
+    """`kernels.<steps>`, its RunResults' name: a long chain keeps a digest in place of its tail, within
+    what gate.report_file takes (a file name has 255 bytes)."""
+    name = f"kernels.{label}"
+    return name if len(name) <= 200 else f"{name[:183]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
 
 
 def _kernel_runs(steps: Sequence[StepView]) -> list[list[StepView]]:
@@ -118,7 +126,7 @@ class _Check:
 
         result = compare_runs("kernels", FunctionRunner(expected, "reference"), FunctionRunner(run, name), feeds,
                               self.tol, detections=detections, report_dir=self.report_dir,
-                              report_name=f"kernels.{label}")
+                              report_name=_report_name(label))
         return [dataclasses.replace(o, name=f"{label}/{o.name}") for o in result.outputs]
 
     def _every_bucket(self, kernels, feeds: Feeds) -> Feeds:

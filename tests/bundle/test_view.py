@@ -37,23 +37,75 @@ def test_the_t4_bundle_typed(t4_build):
     assert view.spec().name == t4_build.spec.spec.name == view.name
 
 
+def _read_typed(view: BundleView) -> None:
+    """Every typed field of the view (each is parsed, and its part of the manifest checked, on first use)."""
+    view.inputs, view.outputs, view.steps, view.engine, view.name, view.target_sm, view.levels  # noqa: B018
+
+
+def _steps_with_kernels(m: dict) -> list[dict]:
+    return [s for s in m["plan"]["steps"] if s.get("kernels")]
+
+
 @pytest.mark.parametrize("edit, message", [
-    (lambda m: m.pop("plan"), "'.plan' is missing"),
-    (lambda m: m["engine"].update(plans=["engines/segment.rtx.plan"]), "'engine.plans' is not a mapping"),
+    (lambda m: m.pop("plan"), "'plan' is missing"),
+    (lambda m: m["engine"].update(plans=["engines/segment.rtx.plan"]), "'engine.plans': Input should be a valid dict"),
     (lambda m: m["engine"].update(plans={"segment": [{"flavour": "tensorrt-rtx"}]}),
-     r"'engine.plans\[segment\].file' is missing"),
-    (lambda m: m["plan"]["steps"][1].update(kind="gadget"), "step 'decode' has kind 'gadget'"),
+     r"'engine.plans.segment\[0\].file' is missing"),
+    (lambda m: m["plan"]["steps"][1].update(kind="gadget"),
+     r"'plan.steps\[1\].kind': Input should be 'segment', 'kernel' or 'added', got 'gadget'"),
     (lambda m: m["plan"]["steps"][2].pop("reference"), r"'plan.steps\[nms\].reference' is missing"),
     (lambda m: m["plan"]["steps"][1]["kernels"][0].update(arch="75"), "manifest arch '75' is not sm_XX"),
     (lambda m: m["plan"]["steps"][1].update(kernels=[]), r"step 'decode' \(kernel\) has no compiled kernels"),
-    (lambda m: m["plan"].update(inputs=[{"name": "images"}]), "plan.inputs: malformed tensor list"),
+    (lambda m: m["plan"].update(inputs=[{"name": "images"}]), r"'plan.inputs\[0\].dtype' is missing"),
+    # what a resealed manifest of a pulled bundle could hold, each of which once crashed (exit 3)
+    (lambda m: m["inputs"]["images"].update(buckets=["a"]), r"'inputs.images.buckets\[0\]': .*integer, got 'a'"),
+    (lambda m: m["inputs"].update(images="x"), "'inputs.images': Input should be a valid dictionary, got 'x'"),
+    (lambda m: m["inputs"]["images"].update(min=[0]), r"'inputs.images.min\[0\]': .*greater than or equal to 1"),
+    (lambda m: m["inputs"]["images"].update(min=[1]), r"'inputs.images': min \[1\].* do not fit its shape"),
+    (lambda m: m["inputs"]["images"].update(max=["8", 3, 640, 640]), r"'inputs.images.max\[0\]': .*integer"),
+    (lambda m: m["inputs"]["images"].update(max=[10**12, 3, 640, 640]), r"'inputs.images.max\[0\]': .*2147483647"),
+    (lambda m: m["inputs"]["images"].update(opt=[9, 3, 640, 640]), "min <= opt <= max"),
+    (lambda m: m["plan"]["inputs"][0].update(shape=5), r"'plan.inputs\[0\].shape': Input should be a valid list"),
+    (lambda m: m["plan"]["inputs"][0].update(dtype="nope"), r"'plan.inputs\[0\].dtype': Input should be 'bfloat16'"),
+    (lambda m: m["plan"]["outputs"][0].update(dtype="object"), r"'plan.outputs\[0\].dtype'"),
+    (lambda m: m["plan"].update(steps={"a": 1}), "'plan.steps': Input should be a valid list"),
+    (lambda m: m["plan"]["steps"].__setitem__(0, "x"), r"'plan.steps\[0\]': Input should be a valid dictionary"),
+    (lambda m: _steps_with_kernels(m)[0]["kernels"][0].update(params=[1]),
+     r"'plan.steps\[1\].kernels\[0\].params': Input should be a valid dictionary"),
+    (lambda m: m["plan"]["steps"][0].update(file="engines/segment.bin"), r"'plan.steps\[0\].file': should be a "
+     "bundle path ending in .onnx"),
+    (lambda m: m.update(engine=[1]), "'engine': Input should be a valid dictionary"),
+    (lambda m: m["engine"].update(settings=[1]), "'engine.settings': Input should be a valid dictionary"),
+    (lambda m: m["engine"].update(deferred="no"), "'engine.deferred': Input should be a valid boolean"),
+    (lambda m: m.update(target="T4"), "'target': Input should be a valid dictionary, got 'T4'"),
+    (lambda m: m.update(validation="x"), "'validation': Input should be a valid dictionary"),
+    (lambda m: m["validation"]["levels"]["graph"].update(status="great"), "'validation.levels.graph.status'"),
+    (lambda m: m.update(name=5), "'name': Input should be a valid string"),
 ])
 def test_malformed_manifests_name_the_field(t4_build, edit, message):
     manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
     edit(manifest)
-    view = BundleView(t4_build.bundle.path, manifest)
     with pytest.raises(BundleError, match=message):
-        view.inputs, view.steps, view.engine  # noqa: B018 (parsed on first use)
+        _read_typed(BundleView(t4_build.bundle.path, manifest))
+
+
+@pytest.mark.parametrize("name", ["x/../../../../tmp/written_by_bundle", "../up", ".hidden", "-opt", "a b", "a\\b",
+                                  "", "x" * 201, "a+b"])
+def test_step_names_are_plain_names(t4_build, name):
+    """A step's name becomes part of a report's file name (`deepjit validate` writes kernels.<steps>.runresults.json)."""
+    manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
+    manifest["plan"]["steps"][1]["name"] = name
+    with pytest.raises(BundleError, match=r"'plan.steps\[1\].name': should be a plain name \(letters, digits"):
+        BundleView(t4_build.bundle.path, manifest).steps  # noqa: B018
+
+
+def test_a_kernel_file_that_is_not_utf8_is_a_bundle_error(t4_build, tmp_path):
+    root = shutil.copytree(t4_build.bundle.path, tmp_path / "b")
+    view = BundleView(root, read_bundle(t4_build.bundle.path).manifest)
+    kernel = view.step("nms").kernels[0]
+    (root / kernel.files["ptx"]).write_bytes(b"\xff\xfe not text")
+    with pytest.raises(BundleError, match=f"'{kernel.files['ptx']}' is not UTF-8 text"):
+        view.compiled(kernel)
 
 
 def test_a_staged_bundle_reads_before_its_manifest_is_written(tmp_path):

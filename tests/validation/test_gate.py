@@ -4,13 +4,15 @@ import pytest
 from onnx import TensorProto, helper
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
+from deepjit_compiler.errors import OutputError
 from deepjit_compiler.graph.ort import ort_session
 from deepjit_compiler.jit.contract_models import Detections
 from deepjit_compiler.jit.contracts import DetectionOutputs
 from deepjit_compiler.model.synth import synthesize_yolov8
 from deepjit_compiler.spec.models import DetectionTolerance, Tolerance, Tolerances
 from deepjit_compiler.surgery.references import nms_reference
-from deepjit_compiler.validation.gate import FunctionRunner, GateReport, compare_runs, not_run
+from deepjit_compiler.validation.gate import FunctionRunner, GateReport, compare_runs, not_run, report_file
+from deepjit_compiler.validation.kernels import _report_name
 
 
 def _sigmoid_model() -> bytes:
@@ -189,3 +191,19 @@ def test_the_borderline_band_keeps_fp16_sized_noise_from_flapping():
     assert not all(o.passed for o in plain), [o.detail for o in plain]
     assert all(o.passed for o in banded), [o.detail for o in banded]
     assert all(o.metrics["borderline"] > o.metrics["missed"] + o.metrics["extra"] for o in banded)
+
+
+@pytest.mark.parametrize("name", ["kernels.x/../../escaped", "../escaped", "/tmp/escaped", ".hidden", "a\\b"])
+def test_a_report_name_is_one_plain_file_name_in_the_report_folder(tmp_path, name):
+    """Report names are made of step names, a pulled bundle's among them: never a path out of the folder."""
+    tol = Tolerances(default=Tolerance(atol=1e-5, rtol=1e-5))
+    with pytest.raises(OutputError, match="cannot name a report .*: a report's name is letters, digits"):
+        compare_runs("kernels", _reference(), FunctionRunner(_candidate(1.0), "deepjit"), _feeds(), tol,
+                     report_dir=tmp_path / "r" / "report", report_name=name)
+    assert not list(tmp_path.rglob("*.runresults.json"))
+
+
+def test_a_long_kernel_chain_still_names_one_report_file(tmp_path):
+    short, long = _report_name("decode+nms"), _report_name("+".join(["s" * 128] * 3))
+    assert short == "kernels.decode+nms" and len(long) == 200 and long != _report_name("+".join(["s" * 128] * 4))
+    assert report_file(tmp_path, long).parent == tmp_path
