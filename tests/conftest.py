@@ -1,10 +1,12 @@
 """Shared fixtures. Test modules mirror the package (test_spec.py for spec.py, and so on)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,26 @@ def table_text(printed: str) -> str:
     """rich tables' text with borders dropped and whitespace collapsed, so a phrase a cell wrapped onto
     the next line (the detail column is the last one) reads whole."""
     return " ".join(re.sub("[│┃║|]", " ", printed).split())
+
+
+def within(seconds: float, fn, fifo: Path):
+    """fn() in a thread; if it blocks (opening the FIFO `fifo`) past `seconds`, unblock it and fail:
+    DeepJIT must refuse a FIFO where it expects a file, never wait for a writer."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the test thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a writer appears: the blocked open returns
+        thread.join(seconds)
+        pytest.fail(f"blocked on the FIFO {fifo}")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

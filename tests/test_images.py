@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 import zipfile
 
 import numpy as np
 import pytest
+from conftest import within
 
 from deepjit_compiler.errors import RuntimeInputError
 from deepjit_compiler.images import read_image, read_npy, read_npz
@@ -24,28 +24,6 @@ def huge_npy_header() -> bytes:
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": (10**12,)})
     return buf.getvalue() + bytes(64)
-
-
-def call_with_timeout(fn, path, seconds: float = 10.0):
-    """fn(path) in a thread; if it is still blocked (on a FIFO) after `seconds`, unblock it and fail."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn(path)
-        except BaseException as e:  # handed to the test thread
-            box["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # a writer appears: the blocked open returns
-        thread.join(seconds)
-        pytest.fail(f"{fn.__name__} blocked on the FIFO {path}")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def test_an_image_past_the_pixel_limit_is_refused_naming_the_file_and_the_limit(tmp_path, monkeypatch):
@@ -73,7 +51,7 @@ def test_a_fifo_is_refused_at_once(tmp_path, reader, name):
     pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
     os.mkfifo(tmp_path / name)
     with pytest.raises(RuntimeInputError, match=f"{name}: .*not a regular file"):
-        call_with_timeout(reader, tmp_path / name)
+        within(10, lambda: reader(tmp_path / name), tmp_path / name)
 
 
 @pytest.mark.parametrize("content, message", [

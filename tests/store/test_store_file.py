@@ -8,12 +8,11 @@ import multiprocessing
 import os
 import random
 import tarfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, within
 
 from deepjit_compiler import store
 from deepjit_compiler.bundle.folder import declared_size, read_bundle, write_bundle
@@ -315,28 +314,6 @@ def test_a_bare_tag_push_says_it_creates_the_default_store(tmp_path):
 
 
 # ---------------------------------------------------------------------------- a store's own files are input
-def _within(seconds: float, fn, fifo: Path):
-    """fn() in a thread; if it blocks (opening the FIFO `fifo`) past `seconds`, unblock it and fail."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # handed to the test thread
-            box["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # a writer appears: the blocked open returns
-        thread.join(seconds)
-        pytest.fail(f"blocked on the FIFO {fifo}")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 @pytest.mark.parametrize("plant, problem", [
     (lambda p, rng: p.mkdir(), "not a regular file"),
     (lambda p, rng: p.write_bytes(b"\xff\xfe" + rng.randbytes(64)), "it holds no digest"),
@@ -351,10 +328,10 @@ def test_a_tag_that_is_not_a_small_file_holding_a_digest_is_a_clear_error(tmp_pa
     plant(bad, random.Random(41))
     message = f"tag file {bad} is corrupt \\({problem}; expected a regular file holding 'sha256:"
     with pytest.raises(StoreError, match=message):
-        _within(10, lambda: s.pull("bad", tmp_path / "p"), bad)
+        within(10, lambda: s.pull("bad", tmp_path / "p"), bad)
     with pytest.raises(StoreError, match=message):
-        _within(10, lambda: s.push(a.path, "bad"), bad)
-    assert [e.tag for e in _within(10, s.ls, bad)] == ["good"]     # listed without the bad one, which is named
+        within(10, lambda: s.push(a.path, "bad"), bad)
+    assert [e.tag for e in within(10, s.ls, bad)] == ["good"]     # listed without the bad one, which is named
     assert f"tag file {bad} is corrupt" in caplog.text
     assert not (tmp_path / "p").exists()
 
