@@ -47,7 +47,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.calibrate import load_tensors_data
 
 from ..errors import MissingDependency, SpecError, closest
-from ..images import IMAGE_SUFFIXES, read_image
+from ..images import IMAGE_SUFFIXES, read_image, read_npy, read_npz
 from ..log import Progress
 from ..surgery.references import letterbox_numpy
 
@@ -245,14 +245,8 @@ def _load_image(path: Path, inp: _Input, size: int) -> Feeds:
 
 
 def _load_sample(path: Path, inputs: list[_Input]) -> Feeds:
-    try:
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as loaded:
-                arrays = dict(loaded)
-        else:  # an .npy holds one array, not an archive
-            arrays = {inputs[0].name: np.load(path, allow_pickle=False)}
-    except (OSError, ValueError, EOFError) as e:
-        raise SpecError(f"calibration sample {path}: cannot read: {e}") from None
+    # an .npy holds one array, not an archive; a file that is no array is exit 2 naming it
+    arrays = read_npz(path) if path.suffix == ".npz" else {inputs[0].name: read_npy(path)}
     feeds = {}
     for inp in inputs:
         if inp.name not in arrays:

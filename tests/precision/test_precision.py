@@ -408,3 +408,21 @@ def test_calibration_settings_from_spec(write_spec):
     assert s.ranges == {"images": (0.0, 255.0)} and s.seed == spec.validation.seed
     assert s.shapes == {"images": spec.inputs["images"].min_shape}
     assert CalibrationSettings.from_spec(load_spec(write_spec()).spec) is None
+
+
+@pytest.mark.parametrize("name, body", [("cut.npz", "zip"), ("pickled.npy", "pickle"), ("noise.npy", "noise")])
+def test_a_calibration_file_that_is_no_array_is_exit_2_naming_it(tmp_path, name, body):
+    from deepjit_compiler.errors import DeepJITError
+
+    a = np.random.default_rng(10).uniform(-1, 1, size=(1, 3, 16, 16)).astype(np.float32)
+    if body == "zip":  # a truncated archive: zipfile's own error, not an OSError
+        np.savez(tmp_path / name, x=a)
+        (tmp_path / name).write_bytes((tmp_path / name).read_bytes()[:200])
+    elif body == "pickle":
+        np.save(tmp_path / name, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    else:
+        (tmp_path / name).write_bytes(np.random.default_rng(11).bytes(300))
+    reader = reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path, cache=tmp_path / "c"))
+    with pytest.raises(DeepJITError, match=rf"{name}: cannot read it as a \.np[yz]") as e:
+        reader.get_next()
+    assert e.value.exit_code == 2
