@@ -82,6 +82,18 @@ def _sha256_file(path: Path) -> str:
         return "sha256:" + sha256_stream(f)
 
 
+def _secrets_of(basic: str | None) -> tuple[str, ...]:
+    """What error messages must not show of a Basic credential oras holds (base64 of 'user:password'):
+    the encoded pair and the password, as for the environment's credentials."""
+    if not basic:
+        return ()
+    try:
+        password = base64.b64decode(basic, validate=True).decode().partition(":")[2]
+    except (ValueError, UnicodeDecodeError):
+        return (basic,)
+    return (basic, password) if password else (basic,)
+
+
 class OciStore(Store):
     """Bundles as OCI artifacts in one repository of a registry."""
 
@@ -172,6 +184,7 @@ class OciStore(Store):
                 reg.session.auth = (user, password)  # send at once instead of after each 401
         else:
             reg.auth.load_configs(self._container)  # the Docker config file: its entry for this host only
+            self._secrets = _secrets_of(getattr(reg.auth, "_basic_auth", None))
             # oras keeps what it found there in `_basic_auth`; without it a Basic registry would
             # make oras retry for a minute before failing.
             if basic and not getattr(reg.auth, "_basic_auth", None):

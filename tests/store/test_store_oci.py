@@ -492,3 +492,27 @@ def test_a_docker_config_entry_goes_only_to_its_own_host(tmp_path):
         with pytest.raises(StoreError, match="asks for credentials"):
             store.pull(f"oci://{stranger.host}/t/x:v1", tmp_path / "p")
     assert not any("Authorization" in h for h in stranger.headers_seen())
+
+
+def test_docker_config_credentials_are_scrubbed_from_errors_too(tmp_path):
+    """A registry whose error echoes the Authorization it got: the Docker config's credential is shown as
+    *** as the environment's is (it used to be printed whole)."""
+    encoded = base64.b64encode(f"deepjit:{SECRET}".encode()).decode()
+
+    def echo(method, path, headers):
+        auth = headers.get("Authorization")
+        if auth != f"Basic {encoded}":
+            return 401, {"WWW-Authenticate": 'Basic realm="fake"'}, b"{}"
+        if path == "/v2/":
+            return 200, {}, b"{}"
+        body = {"errors": [{"code": "DENIED", "message": f"you sent {auth}, password {SECRET}"}]}
+        return 400, {"Content-Type": "application/json"}, json.dumps(body).encode()
+
+    config = tmp_path / "home" / ".docker" / "config.json"
+    config.parent.mkdir(parents=True)
+    with fake_registry(echo) as reg:
+        config.write_text(json.dumps({"auths": {reg.host: {"auth": encoded}}}))
+        with pytest.raises(StoreError) as e:
+            store.pull(f"oci://{reg.host}/t/x:v1", tmp_path / "p")
+    assert "you sent Basic ***, password ***" in str(e.value)
+    assert SECRET not in str(e.value) and encoded not in str(e.value)
