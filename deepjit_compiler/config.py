@@ -74,9 +74,16 @@ def keep_run_results() -> bool:
     return os.environ.get("DEEPJIT_KEEP_RUN_RESULTS", "") not in ("", "0")
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def log_level() -> str:
-    """$DEEPJIT_LOG_LEVEL: logging level for the deepjit.* loggers (default INFO)."""
-    return os.environ.get("DEEPJIT_LOG_LEVEL", "INFO").upper()
+    """$DEEPJIT_LOG_LEVEL: logging level for the deepjit.* loggers (default INFO); another value is a
+    ConfigError naming the variable (logging's own ValueError would be a traceback)."""
+    level = os.environ.get("DEEPJIT_LOG_LEVEL", "INFO").upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"$DEEPJIT_LOG_LEVEL is {os.environ['DEEPJIT_LOG_LEVEL']!r}: one of {', '.join(LOG_LEVELS)}")
+    return level
 
 
 _PKG = Path(__file__).resolve().parent

@@ -1,5 +1,6 @@
 """The command line, through a subprocess, as a user runs it."""
 import json
+import os
 import subprocess
 import sys
 
@@ -253,3 +254,12 @@ def test_error_messages_print_control_characters_as_escapes(monkeypatch, capsys)
     assert cli.main(["schema"]) == 2
     err = capsys.readouterr().err
     assert err == "error: manifest: step 'a\\x1b]0;pwned\\x07' is\nrefused\n"
+
+
+def test_a_bad_log_level_is_exit_2_naming_the_variable(tmp_path):
+    store = f"file://{tmp_path / 'store'}"
+    r = run_cli("ls", store, env={**os.environ, "DEEPJIT_LOG_LEVEL": "BOGUS"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "$DEEPJIT_LOG_LEVEL is 'BOGUS': one of DEBUG, INFO, WARNING, ERROR, CRITICAL" in r.stderr
+    ok = run_cli("ls", store, env={**os.environ, "DEEPJIT_LOG_LEVEL": "debug"})  # any case; on to the store
+    assert ok.returncode == 2 and "DEEPJIT_LOG_LEVEL" not in ok.stderr and "does not exist" in ok.stderr

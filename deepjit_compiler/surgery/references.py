@@ -52,16 +52,28 @@ class _Graph:
         return model
 
 
+INT32_MAX = 2**31 - 1  # the kernels take counts and sizes as int32
+
+
+def _number(value: Any) -> bool:
+    """A real number from the spec (YAML gives int or float; a bool, null, string or list is not one)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= INT32_MAX
+
+
 def nms_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """NMS params with defaults filled in and checked; unknown keys (kernel-only tuning knobs such
     as max_candidates) are left to the kernel."""
     p = {k: params.get(k, v) for k, v in NMS_DEFAULTS.items()}
-    if not 0.0 <= float(p["conf_threshold"]) < 1.0:
-        raise SurgeryError(f"nms: conf_threshold must be in [0, 1), got {p['conf_threshold']}")
-    if not 0.0 <= float(p["iou_threshold"]) <= 1.0:
-        raise SurgeryError(f"nms: iou_threshold must be in [0, 1], got {p['iou_threshold']}")
-    if not isinstance(p["max_det"], int) or isinstance(p["max_det"], bool) or p["max_det"] < 1:
-        raise SurgeryError(f"nms: max_det must be a positive integer, got {p['max_det']!r}")
+    if not _number(p["conf_threshold"]) or not 0.0 <= p["conf_threshold"] < 1.0:
+        raise SurgeryError(f"nms: conf_threshold must be a number in [0, 1), got {p['conf_threshold']!r}")
+    if not _number(p["iou_threshold"]) or not 0.0 <= p["iou_threshold"] <= 1.0:
+        raise SurgeryError(f"nms: iou_threshold must be a number in [0, 1], got {p['iou_threshold']!r}")
+    if not _count(p["max_det"]):
+        raise SurgeryError(f"nms: max_det must be an integer from 1 to {INT32_MAX}, got {p['max_det']!r}")
     if not isinstance(p["agnostic"], bool):
         raise SurgeryError(f"nms: agnostic must be true or false, got {p['agnostic']!r}")
     return p
@@ -69,8 +81,8 @@ def nms_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def letterbox_params(params: Mapping[str, Any]) -> dict[str, Any]:
     p = {k: params.get(k, v) for k, v in LETTERBOX_DEFAULTS.items()}
-    if not isinstance(p["size"], int) or isinstance(p["size"], bool) or p["size"] < 1:
-        raise SurgeryError(f"letterbox: size must be a positive integer, got {p['size']!r}")
+    if not _count(p["size"]):
+        raise SurgeryError(f"letterbox: size must be an integer from 1 to {INT32_MAX}, got {p['size']!r}")
     if p["dtype"] not in LETTERBOX_DTYPES:
         raise SurgeryError(f"letterbox: dtype must be one of {sorted(LETTERBOX_DTYPES)}, got {p['dtype']!r}")
     if not isinstance(p["swap_rb"], bool):
