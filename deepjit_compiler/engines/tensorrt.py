@@ -26,6 +26,7 @@ flavour (worker.py), and plans.py caches what it builds.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -53,7 +54,7 @@ from polygraphy.exception import PolygraphyException
 
 from .. import config
 from ..errors import EngineError, RuntimeInputError
-from ..files import atomic_write
+from ..files import atomic_file, atomic_write
 from .base import EngineSettings, Shape
 from .flavours import TENSORRT, TENSORRT_RTX, Flavour
 
@@ -184,20 +185,25 @@ def build_plan(segment_path: str | Path, settings: EngineSettings, flavour: Flav
     cache = None
     if flavour.timing_cache:
         cache = Path(timing_cache) if timing_cache is not None else settings.timing_cache
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
     kwargs = config_from_settings(dataclasses.replace(settings, timing_cache=cache), inputs=segment_inputs(path),
                                   trt_version=version, flavour=flavour)
     create_config = CreateConfigRTX if flavour.ahead_of_time else CreateConfig
-    try:
-        builder, network, parser = NetworkFromOnnxPath(str(path), **network_kwargs(settings, version, flavour))()
-        summary = network_summary(network)
-        plan = EngineBytesFromNetwork((builder, network, parser), config=create_config(**resolve_enums(kwargs, module)),
-                                      save_timing_cache=str(cache) if cache is not None else None)()
-    except PolygraphyException as e:
-        raise EngineError(f"segment '{name}' ({path.name}): {flavour.title} {version} could not build it: {e}") from None
-    if plan is None:
-        raise EngineError(f"segment '{name}' ({path.name}): {flavour.title} {version} returned no plan (see its log)")
+    # The timing cache is saved whole or not at all: Polygraphy writes a path in place (a killed build
+    # would leave a truncated cache that the next one loads), so it gets a file that atomic_file puts
+    # at the path only when the build succeeded (the cache it loaded is merged in by the builder).
+    with atomic_file(cache) if cache is not None else contextlib.nullcontext() as sink:
+        try:
+            builder, network, parser = NetworkFromOnnxPath(str(path), **network_kwargs(settings, version, flavour))()
+            summary = network_summary(network)
+            plan = EngineBytesFromNetwork((builder, network, parser),
+                                          config=create_config(**resolve_enums(kwargs, module)),
+                                          save_timing_cache=sink)()
+        except PolygraphyException as e:
+            raise EngineError(f"segment '{name}' ({path.name}): {flavour.title} {version} could not build it: "
+                              f"{e}") from None
+        if plan is None:
+            raise EngineError(f"segment '{name}' ({path.name}): {flavour.title} {version} returned no plan "
+                              "(see its log)")
     return bytes(memoryview(plan)), summary
 
 

@@ -61,6 +61,7 @@ def test_build_run_and_timing_cache(precision, atol, tmp_path):
     sm = local_device_sm()
     assert art.plan.compute_capabilities == (f"{sm // 10}.{sm % 10}",) and art.plan.network_layers >= 3
     assert s.timing_cache.is_file() and s.timing_cache.stat().st_size > 0
+    assert sorted(p.name for p in s.timing_cache.parent.iterdir()) == [s.timing_cache.name]  # saved whole: no temp, no lock
     x = np.random.default_rng(1).uniform(0, 1, size=(3, 3, 32, 32)).astype(np.float32)
     with runner_for(art) as runner:
         out = runner.infer({"images": x})["out"]
