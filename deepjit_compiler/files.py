@@ -4,16 +4,19 @@ Every file DeepJIT writes goes through a temporary name in the same folder and `
 interrupted process never leaves a half-written file under the real name. One writer at a time per
 output path (`output_lock`), and under that lock what an interrupted writer left behind, named as
 only DeepJIT names things (`.NAME.tmp-*`, ...), is removed. A write the file system refuses (disk
-full, read-only) is an OutputError naming the path (exit 2), never a traceback.
+full, read-only) is an OutputError naming the path (exit 2), never a traceback. Files DeepJIT reads
+but did not write (a cache entry, a store's tag, an input array) are opened as regular files only.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,6 +37,28 @@ _held: dict[str, int] = {}  # output locks this process holds, and how deep
 
 def cannot_write(path: Path, e: OSError) -> OutputError:
     return OutputError(f"{path}: cannot write ({e.strerror or e}); nothing was left half-written")
+
+
+# ---------------------------------------------------------------------------- reading
+def open_regular(path: Path, *, follow: bool = True) -> BinaryIO:
+    """`path` opened for reading if it is a regular file, else an OSError naming it. O_NONBLOCK: a FIFO
+    put where a file is expected opens at once (and is refused) instead of waiting for a writer;
+    `follow=False` (O_NOFOLLOW): a symlink planted in a shared folder does not lead out of it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags if follow else flags | getattr(os, "O_NOFOLLOW", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path, limit: int | None = None, *, follow: bool = True) -> bytes:
+    """A regular file's bytes (open_regular); past `limit` a ValueError, read no further than that."""
+    with open_regular(path, follow=follow) as f:
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise ValueError(f"over {limit} bytes")
+    return data
 
 
 # ---------------------------------------------------------------------------- atomic file system

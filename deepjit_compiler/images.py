@@ -4,17 +4,14 @@ RuntimeInputError naming it and what is allowed; only regular files are opened (
 """
 from __future__ import annotations
 
-import errno
-import os
-import stat
 import zipfile
 import zlib
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
 from .errors import MissingDependency, RuntimeInputError
+from .files import open_regular
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
@@ -22,16 +19,6 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 # header, a truncated body, a broken zip or deflate stream, an empty file, a header claiming TiBs.
 _ARRAY_ERRORS = (OSError, ValueError, EOFError, MemoryError, zipfile.BadZipFile, zlib.error)
 _ARRAYS_ALLOWED = "allowed: numeric arrays written by numpy.save / numpy.savez (no pickled or object arrays)"
-
-
-def _open_regular(path: Path) -> BinaryIO:
-    """`path` opened for reading if it is a regular file, else an OSError. O_NONBLOCK: a FIFO named
-    like an input opens at once (and is refused) instead of waiting for a writer."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    return os.fdopen(fd, "rb")
 
 
 def read_image(path: Path) -> np.ndarray:
@@ -42,7 +29,7 @@ def read_image(path: Path) -> np.ndarray:
         raise MissingDependency(f"{path}: reading images needs Pillow (pip install pillow); or give the "
                                 "image as a uint8 [H, W, 3] .npy (BGR)") from None
     try:
-        with _open_regular(path) as f, Image.open(f) as img:
+        with open_regular(path) as f, Image.open(f) as img:
             return np.asarray(img.convert("RGB"), dtype=np.uint8)
     except Image.DecompressionBombError as e:  # not an OSError: a header claiming billions of pixels
         limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)  # Pillow refuses past twice its warning limit
@@ -56,7 +43,7 @@ def read_image(path: Path) -> np.ndarray:
 def read_npy(path: Path) -> np.ndarray:
     """A .npy file's array (allow_pickle=False: an input file must never run code)."""
     try:
-        with _open_regular(path) as f:
+        with open_regular(path) as f:
             return np.load(f, allow_pickle=False)
     except _ARRAY_ERRORS as e:
         raise RuntimeInputError(f"{path}: cannot read it as a .npy array ({e}); {_ARRAYS_ALLOWED}") from None
@@ -65,7 +52,7 @@ def read_npy(path: Path) -> np.ndarray:
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """A .npz file's arrays by name, every member read (and so checked) here."""
     try:
-        with _open_regular(path) as f, np.load(f, allow_pickle=False) as data:
+        with open_regular(path) as f, np.load(f, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except _ARRAY_ERRORS as e:
         raise RuntimeInputError(f"{path}: cannot read it as a .npz of arrays ({e}); {_ARRAYS_ALLOWED}") from None

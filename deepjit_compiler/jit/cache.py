@@ -24,22 +24,20 @@ Root: the spec's `compile.cache_dir`, else $DEEPJIT_CACHE_DIR, else the user cac
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import hmac
 import json
 import logging
 import os
-import stat
 import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from .. import config
-from ..files import atomic_write
+from ..files import atomic_write, open_regular, read_regular
 
 log = logging.getLogger("deepjit.cache")
 META = "meta.json"
@@ -49,31 +47,10 @@ _MAX_META = 16 << 20  # a record is a few KB: a planted giant meta.json must not
 _refused: set[str] = set()  # key files already warned about
 
 
-def _open_regular(path: Path, *, follow: bool = False) -> BinaryIO:
-    """Open a regular file for reading, anything else an OSError. O_NONBLOCK: a FIFO opens at once (and
-    is refused) instead of waiting for a writer; O_NOFOLLOW: a symlink planted in a shared cache does not
-    lead out of it."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags if follow else flags | getattr(os, "O_NOFOLLOW", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    return os.fdopen(fd, "rb")
-
-
-def _read_regular(path: Path, limit: int | None = None) -> bytes:
-    """A regular file's bytes; past `limit` a ValueError (read before any MAC check, so bounded)."""
-    with _open_regular(path) as f:
-        data = f.read() if limit is None else f.read(limit + 1)
-    if limit is not None and len(data) > limit:
-        raise ValueError(f"{path.name} is over {limit} bytes")
-    return data
-
-
 def _read_key_file(path: Path) -> bytes:
     """The key file's bytes; ValueError if anyone but this user could know or change them (and so forge
     entries). A symlink is followed: it is the user's own config; the file it names must pass too."""
-    with _open_regular(path, follow=True) as f:
+    with open_regular(path) as f:
         st = os.fstat(f.fileno())
         if os.name == "posix" and st.st_uid != os.getuid():
             raise ValueError("another user owns it")
@@ -202,7 +179,7 @@ class KernelCache:
             return None
         folder = self.folder(key)
         try:
-            blobs = {name: _read_regular(folder / name) for name in meta["blobs"]}
+            blobs = {name: read_regular(folder / name, follow=False) for name in meta["blobs"]}
         except FileNotFoundError:
             self.counters.bump("misses")
             return None
@@ -220,7 +197,7 @@ class KernelCache:
         Checked before any file it names is opened: an unsigned record's names are not followed."""
         folder = self.folder(key)
         try:
-            meta = json.loads(_read_regular(folder / META, _MAX_META))
+            meta = json.loads(read_regular(folder / META, _MAX_META, follow=False))
         except FileNotFoundError:
             self.counters.bump("misses")
             return None
@@ -259,7 +236,7 @@ class KernelCache:
         entries = []
         for meta_path in self.root.glob(f"??/*/{META}"):
             try:
-                meta = json.loads(_read_regular(meta_path, _MAX_META))
+                meta = json.loads(read_regular(meta_path, _MAX_META, follow=False))
                 if meta.get("cache_format") != FORMAT or meta.get("key") != meta_path.parent.name \
                         or not _signed(meta, secret):
                     continue  # not an entry of ours (or one being written): neither counted nor removed

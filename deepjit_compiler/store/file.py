@@ -14,12 +14,9 @@ of two pushes of one tag with different content exactly one wins and the other i
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import logging
-import os
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,26 +26,12 @@ from ..bundle.folder import MANIFEST, check_replaceable, declared_size, read_bun
 from ..bundle.manifest import manifest_digest
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
-from ..files import atomic_write, cannot_write, remove_old_temporaries
+from ..files import atomic_write, cannot_write, read_regular, remove_old_temporaries
 from .refs import DIGEST_RE, TAG_RE, Entry, PushResult, Store, check_tag, level_statuses
 
 log = logging.getLogger("deepjit.store")
 _MAX_TAG = 4096         # a tag holds 'sha256:<64 hex>\n': a planted giant file is not read whole
 _MAX_META = 16 << 20    # a manifest is a few KB
-
-
-def _read_regular(path: Path, limit: int) -> bytes:
-    """A regular file's bytes, at most `limit` (more: a ValueError). O_NONBLOCK: a FIFO in the store
-    opens at once and is refused (an OSError) instead of waiting for a writer."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"over {limit} bytes")
-    return data
 
 
 class FileStore(Store):
@@ -92,7 +75,7 @@ class FileStore(Store):
         small regular file holding a digest (a folder, a FIFO, binary junk)."""
         path = self._tags / tag
         try:
-            text = _read_regular(path, _MAX_TAG).decode("ascii", errors="replace").strip()
+            text = read_regular(path, _MAX_TAG).decode("ascii", errors="replace").strip()
             problem = "" if DIGEST_RE.fullmatch(text) else "it holds no digest"
         except FileNotFoundError:
             return None
@@ -109,7 +92,7 @@ class FileStore(Store):
         not lift the gzip-bomb bound); else None, and the archive's own size bounds unpacking."""
         meta = self._meta(digest)
         try:
-            declared = json.loads(_read_regular(meta, _MAX_META))
+            declared = json.loads(read_regular(meta, _MAX_META))
             if isinstance(declared, dict) and declared.get("digest") == digest == manifest_digest(declared):
                 return declared_size(declared)
         except FileNotFoundError:
@@ -178,7 +161,7 @@ class FileStore(Store):
                 continue
             blob, meta = self._blob(digest), self._meta(digest)
             try:
-                manifest = json.loads(_read_regular(meta, _MAX_META))
+                manifest = json.loads(read_regular(meta, _MAX_META))
                 name = str(manifest.get("name") or "")
             except (OSError, ValueError, AttributeError, RecursionError):
                 manifest, name = None, ""
