@@ -146,12 +146,12 @@ class Gpu:
         return handle if not isinstance(handle, int) else driver.CUstream(handle)
 
     # -- memory ---------------------------------------------------------------------------------
-    def empty(self, shape: Sequence[int], dtype) -> DeviceArray:
-        nbytes = device_nbytes(shape, dtype)
+    def empty(self, shape: Sequence[int], dtype, name: str | None = None) -> DeviceArray:
+        nbytes = device_nbytes(shape, dtype, name)
         return DeviceArray(self.device.allocate(nbytes, stream=self.stream), shape, dtype)
 
-    def zeros(self, shape: Sequence[int], dtype) -> DeviceArray:
-        arr = self.empty(shape, dtype)
+    def zeros(self, shape: Sequence[int], dtype, name: str | None = None) -> DeviceArray:
+        arr = self.empty(shape, dtype, name)
         self.fill(arr, 0)
         return arr
 

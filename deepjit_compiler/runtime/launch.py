@@ -87,7 +87,7 @@ class ContractKernel:
         """Output buffers for bound dims; zero_init ones (counters) are zeroed once, here."""
         out = {}
         for sig in self.outputs:
-            arr = self.gpu.empty(concrete_shape(sig, self.params, dims), sig.dtype)
+            arr = self.gpu.empty(concrete_shape(sig, self.params, dims), sig.dtype, sig.name)
             if sig.zero_init:
                 self.gpu.fill(arr, 0)
             out[sig.name] = arr

@@ -62,8 +62,8 @@ class CountingGpu(Gpu):
         self.allocations = 0
         self.allocated_bytes = 0
 
-    def empty(self, shape, dtype) -> DeviceArray:
-        arr = super().empty(shape, dtype)
+    def empty(self, shape, dtype, name: str | None = None) -> DeviceArray:
+        arr = super().empty(shape, dtype, name)
         self.allocations += 1
         self.allocated_bytes += capacity(arr)
         return arr
@@ -124,7 +124,7 @@ class Pipeline(LayoutFacts):
         self.max_shapes = self._max_shapes()
         self._check_dtypes()
         for name in self.schedule.device_tensors:
-            self._buffers[name] = gpu.zeros(self.max_shapes[name], self._dtypes[name])
+            self._buffers[name] = gpu.zeros(self.max_shapes[name], self._dtypes[name], name)
         for step in layout.steps:
             for k in step.kernels:
                 size = kernel_workspace(k, kernel_dims(k, self.max_shapes))

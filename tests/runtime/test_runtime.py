@@ -12,6 +12,7 @@ import ctypes
 import json
 import logging
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import onnxruntime as ort
 import pytest
 from conftest import FUSED, REPO, YOLOV8N_T4
 
-from deepjit_compiler.bundle.folder import read_bundle
+from deepjit_compiler.bundle.folder import read_bundle, update_bundle
 from deepjit_compiler.errors import BundleError, KernelError, MissingDependency, RuntimeInputError
 from deepjit_compiler.runtime import hostmem
 from deepjit_compiler.runtime import pipeline as runtime
@@ -889,3 +890,17 @@ def test_a_kernel_chain_holds_its_workspaces(tmp_path):
     stage = compile_site_kernel("nms", {"fused": True}, facts, sm=90, cache_dir=tmp_path)
     both = KernelChain(gpu, [fused, stage], inputs)  # the nms stage done by the decode: nothing of its own
     assert len(both.plan) == 1 and {"num_dets", "boxes", "scores", "classes"} <= set(both.outputs)
+
+
+def test_an_absurd_manifest_shape_names_the_tensor_before_any_allocation(tmp_path, t4_bundle, fake):
+    """A tampered input max passes the manifest's checks (dims up to INT32_MAX) but not the allocator:
+    the load stops naming the tensor, before a byte is allocated."""
+    bundle = shutil.copytree(t4_bundle, tmp_path / "absurd")
+    inputs = json.loads((bundle / "manifest.json").read_text())["inputs"]
+    assert inputs["images"]["max"] == [8, 3, 640, 640], "test bug: the T4 bundle's input changed"
+    inputs["images"]["max"][0] = 2**31 - 1
+    update_bundle(bundle, {}, {"inputs": inputs})  # sealed again, as a hostile publisher can
+    with pytest.raises(BundleError, match=r"tensor '[^']+': shape \[2147483647, .*\] of float\d+ \(\d+ bytes\) is not "
+                                          r"allocatable"):
+        Pipeline.load(bundle)
+    assert [gpu.allocations for gpu in fake.made] == [0]
