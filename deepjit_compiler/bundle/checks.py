@@ -29,11 +29,11 @@ from pydantic import (
 
 from ..errors import BundleError
 from ..graph.tensors import TensorSig
+from ..spec.models import NAME, NAME_RULE
 
 STEP_KINDS = ("segment", "kernel", "added")
-# A step's name becomes part of report file names: letters, digits, '_', '.' and '-', not starting
-# with '.' or '-' (the spec's own name rule), so it can never be a path.
-PLAIN_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$"
+# A step's name becomes part of report file names: the spec's own name rule, so it can never be a path.
+PLAIN_NAME = NAME
 # What graph.tensors.np_dtype_name can write for an ONNX tensor type, less 'object' (strings).
 TENSOR_DTYPES = tuple(sorted({np.dtype(helper.tensor_dtype_to_np_dtype(t)).name
                               for t in helper.get_all_tensor_dtypes()} - {"object"}))
@@ -51,7 +51,7 @@ Size = Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
 DType = Literal[TENSOR_DTYPES]  # type: ignore[valid-type]
 ONNX_FILE = r"\.onnx$"
 OnnxFile = Annotated[StrictStr, Field(pattern=ONNX_FILE)]  # BundleView.file checks such a file before it is read
-_PATTERNS = {PLAIN_NAME: "a plain name (letters, digits, '_', '.' and '-', not starting with '.' or '-')",
+_PATTERNS = {PLAIN_NAME: f"a plain name ({NAME_RULE})",
              ONNX_FILE: "a bundle path ending in .onnx"}
 
 

@@ -37,6 +37,7 @@ from ..bundle.view import BundleView
 from ..errors import BundleError, ServeError
 from ..files import cannot_write, output_lock, replace_dir, staging_dir
 from ..runtime.layout import Layout
+from ..spec.models import NAME, NAME_RULE
 from .batches import box_mapping
 from .triton_model import BUNDLE_DIR
 
@@ -50,7 +51,7 @@ _text_format = lazy_import("google.protobuf.text_format", "config.pbtxt is proto
 KINDS = ("gpu", "cpu")
 MARKER = "deepjit-export.json"
 MARKER_FORMAT = 1
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # the spec's `name` pattern, so every built bundle fits it
+_NAME = re.compile(NAME)  # the spec's `name` pattern, so every built bundle fits it
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1       # ModelConfig's max_batch_size (and batch sizes) and dims
 # numpy dtype -> Triton's (the Python backend hands the model numpy arrays, so bfloat16 cannot pass)
 TRITON_DTYPES = {"bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
@@ -105,7 +106,7 @@ def _check_bundle_name(bundle: BundleView) -> None:
     a name the spec allows (every built bundle's is), even where --name replaces it."""
     if bundle.name and not _NAME.fullmatch(bundle.name):
         raise ServeError(f"{bundle.source}: manifest.json field 'name' is '{shown(bundle.name)}': a bundle name "
-                         f"matches {_NAME.pattern} (letters, digits, '_', '.' and '-'); this bundle was not made "
+                         f"is {NAME_RULE}; this bundle was not made "
                          "by `deepjit build`")
 
 
@@ -115,8 +116,8 @@ def checked_options(layout: Layout, bundle: BundleView, options: TritonOptions) 
     _check_bundle_name(bundle)
     name = options.name or layout.name or ""
     if not _NAME.fullmatch(name):
-        raise ServeError(f"--name {name!r}: a Triton model name here is letters, digits, '_', '.' and '-', not "
-                         "starting with '.' or '-'" + ("" if options.name else " (the bundle has no usable name)"))
+        raise ServeError(f"--name {name!r}: a Triton model name here is {NAME_RULE}"
+                         + ("" if options.name else " (the bundle has no usable name)"))
     if options.version < 1:
         raise ServeError(f"--version {options.version}: Triton model versions are whole numbers from 1")
     if options.kind not in KINDS:

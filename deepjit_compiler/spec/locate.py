@@ -72,6 +72,9 @@ def _explain(err: dict, parent_model: type[BaseModel] | None) -> str:
         return f"{msg}, got {err.get('input')!r}{closest(str(err.get('input')), choices)}"
     if kind == "value_error":
         return msg.removeprefix("Value error, ")
+    field = parent_model.model_fields.get(str(err["loc"][-1])) if parent_model else None
+    if kind == "string_pattern_mismatch" and field is not None and field.description:
+        return f"should be {field.description}, got {err.get('input')!r}"  # the rule in words, not its regex
     return f"{msg}, got {err.get('input')!r}" if "input" in err and not isinstance(err["input"], dict) else msg
 
 
@@ -83,7 +86,7 @@ def describe_errors(error: ValidationError, path: Path, root: yaml.Node, spec_cl
         is_key_error = err["type"] == "extra_forbidden"
         node, found = _locate(root, loc)
         field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in found).replace(".[", "[") or "(top level)"
-        parent = _model_at(spec_cls, found[:-1] if is_key_error else found) if is_key_error else None
+        parent = _model_at(spec_cls, found[:-1]) if is_key_error or len(found) == len(loc) else None
         mark = node.start_mark
         lines.append(f"{path}:{mark.line + 1}:{mark.column + 1}: {field}: {_explain(err, parent)}")
     return "\n".join(dict.fromkeys(lines))

@@ -46,6 +46,12 @@ def _bytes(value: Any) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+# A pipeline's name, also its bundle's: it names files (build/NAME, NAME.tar.gz, NAME.report), Triton
+# models and report steps, so it is plain (never a path, never an option) and short enough that every
+# such file name fits a file system's 255 bytes. Bundles, their steps and `export triton` check it too.
+NAME = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$"
+NAME_RULE = "1 to 200 letters, digits, '_', '.' and '-', not starting with '.' or '-'"
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -201,7 +207,8 @@ class KernelRef(_Model):
 class Cut(_Model):
     """A region cut out of the model (by tensor names or a preset), or a stage added before/after it."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                      description="an identifier (letters, digits and '_', not starting with a digit)")
     preset: Literal["yolov8_decode"] | None = None
     inputs: list[str] | None = None
     outputs: list[str] | None = None
@@ -335,7 +342,8 @@ class BundleOut(_Model):
 
 class Publish(_Model):
     store: str = Field(pattern=r"^(file|oci)://.+", description="file://PATH or oci://HOST[:PORT]/REPO")
-    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$",
+                     description="1 to 128 letters, digits, '_', '.' and '-', not starting with '.' or '-'")
     require: list[Literal[LEVELS]] = Field(default_factory=lambda: ["graph", "precision"])  # type: ignore[valid-type]
 
     @field_validator("store")
@@ -354,7 +362,7 @@ class Publish(_Model):
 class Spec(_Model):
     """A DeepJIT pipeline."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+    name: str = Field(pattern=NAME, description=NAME_RULE)
     model: ModelSource
     target: Target
     inputs: dict[str, InputSpec] = Field(min_length=1)

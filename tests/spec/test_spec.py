@@ -172,3 +172,15 @@ def test_json_schema_describes_the_spec():
     assert set(schema["required"]) >= {"name", "model", "target", "inputs"}
     assert schema["$defs"]["Engine"]["additionalProperties"] is False
     assert "yolov8_decode" in str(schema["$defs"]["Cut"])
+
+
+@pytest.mark.parametrize("name", ["a" * 201, "-rf", ".hidden", "two words", "../up"])
+def test_a_name_that_cannot_be_a_file_name_is_refused(write_spec, name):
+    """The name becomes build/NAME, NAME.tar.gz and NAME.report: at most 200 plain characters, so each fits
+    a file system's 255 bytes and none is a path or an option."""
+    msg = _error(write_spec, {"name: yolov8s_t4": f"name: '{name}'"})
+    assert "name:" in msg and "1 to 200 letters, digits, '_', '.' and '-'" in msg, msg
+
+
+def test_a_name_of_200_characters_loads(write_spec):
+    assert load_spec(write_spec({"name: yolov8s_t4": f"name: {'b' * 200}"})).spec.name == "b" * 200
