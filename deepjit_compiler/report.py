@@ -46,14 +46,9 @@ def print_build(result) -> None:
     out.print(Text.assemble((d["name"], "bold"), f": target {d['target']['gpu'] or ''} sm_{d['target']['sm']}"))
     out.print(f"model {model['path']} (sha256 {model['sha256'][:12]}…"
               + (", synthesized" if model["synthesized"] else "") + ")")
-    steps = Table(title="pipeline, in run order")
-    for col in ("#", "step", "kind", "inputs", "outputs", "runs on"):
-        steps.add_column(col, no_wrap=col in ("inputs", "outputs", "runs on"))  # a tensor per line, names whole
-    for i, st in enumerate(d["plan"] or [], 1):
-        runs = ", ".join(st.get("kernels", [])) or _engine_text(d["engine"], spec.engine.precision)
-        steps.add_row(str(i), st["name"], st["kind"] + (f" ({st['position']})" if st.get("position") else ""),
-                      _tensors(st["inputs"]), _tensors(st["outputs"]), runs)
-    out.print(steps)
+    _print_steps(out, "pipeline, in run order", [
+        (st, ", ".join(st.get("kernels", [])) or _engine_text(d["engine"], spec.engine.precision))
+        for st in d["plan"] or []])
     for line in d["notes"]:
         out.print(line)
     if d["cached"]:
@@ -196,9 +191,16 @@ def _render_model(path: Path, d: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
-def _tensors(sigs: list[dict[str, Any]]) -> str:
-    """One line per tensor: name, dtype and shape, in full."""
-    return "\n".join(f"{t['name']} {t['dtype']} {t['shape']}" for t in sigs)
+def _print_steps(out: Console, title: str, steps: list[tuple[Mapping[str, Any], str]]) -> None:
+    """Each step (with what it runs on) as a heading and a line per tensor, not a table: tensor names are
+    long and whole, and in a table of any width they squeezed the step's own name and number away."""
+    out.print(title)
+    for n, (st, runs) in enumerate(steps, 1):
+        kind = st["kind"] + (f", {st['position']}" if st.get("position") else "")
+        out.print(Text.assemble(f"{n}. ", (st["name"], "bold"), f" ({kind}): " + runs.replace("\n", "; ")))
+        for label, sigs in (("in ", st["inputs"]), ("out", st["outputs"])):
+            for i, t in enumerate(sigs):
+                out.print(f"     {label if i == 0 else '   '} {t['name']} {t['dtype']} {t['shape']}")
 
 
 def _entries(entries: Mapping[str, str]) -> str:
@@ -233,13 +235,7 @@ def _render_bundle(d: dict[str, Any]) -> str:
     for i in d["inputs"]:
         out.print(f"input {i['name']}: {i['dtype']} {i['shape']}, profile min {i['min']} opt {i['opt']} "
                   f"max {i['max']}, graph buckets {i['buckets']}")
-    steps = Table(title="steps, in run order")
-    for col in ("#", "step", "kind", "inputs", "outputs", "runs on"):
-        steps.add_column(col, no_wrap=col in ("inputs", "outputs", "runs on"))
-    for n, st in enumerate(d["steps"], 1):
-        steps.add_row(str(n), st["name"], st["kind"] + (f" ({st['position']})" if st.get("position") else ""),
-                      _tensors(st["inputs"]), _tensors(st["outputs"]), _runs_on(st))
-    out.print(steps)
+    _print_steps(out, "steps, in run order", [(st, _runs_on(st)) for st in d["steps"]])
     _render_engine(out, d["engine"])
     kernels = Table(title="kernels")
     for col in ("step", "contract", "binaries", "entry points", "params"):

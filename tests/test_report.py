@@ -48,6 +48,12 @@ def test_inspect_bundle_prints_tables_and_json(t4_build):
     assert "num_classes=80" in text and "output0: max abs" in text and "engines/segment.onnx" in text
     assert "gate: abs <= 0.05 or rel <= 0.05, on the mean" in table_text(text)  # the rule, from the record
     assert "{'" not in text  # no Python dicts
+    # each step's number, name and kind, whatever the width its tensors' names take
+    lines = text.splitlines()
+    assert [line.split(":")[0] for line in lines if line[:1].isdigit()] == [
+        "1. segment (segment)", "2. decode (kernel)", "3. nms (added, after)"]
+    assert lines[lines.index(next(line for line in lines if line.startswith("3. nms"))) + 1].split() == [
+        "in", "output0", "float32", "['batch',", "84,", "8400]"]
     r = run_cli("inspect", str(t4_build.bundle.path), "--json")
     assert json.loads(r.stdout) == describe(t4_build.bundle.path)
 
@@ -59,6 +65,8 @@ def test_the_build_table_shows_tensors_the_engine_and_each_outputs_gate(t4_build
     # tensor names whole (a pipe is not cut at 80 columns), with dtype (the fp16 engine hands the decode
     # fp16 head maps) and shape
     assert any("/model.22/cv2.0/cv2.0.2/Conv_output_0 float16 ['batch', 64, 80, 80]" in line for line in lines)
+    assert [line.split(":")[0] for line in lines if line[:1].isdigit()] == [
+        "1. segment (segment)", "2. decode (kernel)", "3. nms (added, after)"]
     if RTX:
         assert "tensorrt-rtx fp16" in out and "plan segment: tensorrt-rtx" in out
     else:
