@@ -56,3 +56,39 @@ def test_readme_commands_and_their_options_exist():
         assert result.exit_code == 0, (usage, result.output)
         for option in re.findall(r"--[a-z-]+", usage):
             assert option in result.output, f"README shows `deepjit {usage}`, but {option} is not an option"
+
+
+def test_readme_cut_with_its_own_kernel_builds(tmp_path):
+    """The README's `cuts:` example, verbatim, with its contract and template, on a model where t [N, 64]
+    becomes y = 2 * t: the build cuts that region out and compiles the user's kernel in its place."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from deepjit_compiler.build import build_pipeline
+
+    text = (REPO / "README.md").read_text()
+    blocks = dict((b.splitlines()[0], b) for b in re.findall(r"```(?:yaml|cuda)\n(.*?)```", text, re.S))
+    (folder := tmp_path / "my_kernels").mkdir()
+    (folder / "scale.yaml").write_text(blocks["# my_kernels/scale.yaml"])
+    (folder / "scale.cu.j2").write_text(blocks["// my_kernels/scale.cu.j2"])
+    bias = numpy_helper.from_array(np.random.default_rng(5).standard_normal(64).astype(np.float32), "bias")
+    two = numpy_helper.from_array(np.float32(2.0).reshape(()), "two")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["a"]), helper.make_node("Relu", ["a"], ["t"]),
+         helper.make_node("Mul", ["t", "two"], ["y"])], "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])], [bias, two])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    (tmp_path / "spec.yaml").write_text(
+        "name: scaled\nmodel: {path: m.onnx}\ntarget: {gpu: T4}\n"
+        "inputs:\n  x: {shape: [N, 64], profile: {min: [1, 64], opt: [2, 64], max: [4, 64]}}\n"
+        + blocks["cuts:"] + "bundle: {path: out/scaled}\n")
+    result = build_pipeline(tmp_path / "spec.yaml", publish=False)
+    steps = result.bundle.manifest["plan"]["steps"]
+    assert [(s["name"], s["kind"]) for s in steps] == [("segment", "segment"), ("scale", "kernel")]
+    (kernel,) = steps[1]["kernels"]
+    assert kernel["contract"] == "scale" and kernel["params"]["factor"] == 2.0
+    assert result.bundle.manifest["validation"]["levels"]["graph"]["status"] == "passed"
