@@ -35,6 +35,22 @@ NMS_LAST_PARAM = "          agnostic: false"  # the nms stage's last param line
 FUSED = {DECODE_MODE: "mode: nms", NMS_LAST_PARAM: NMS_LAST_PARAM + "\n          fused: true"}
 
 
+def letterbox_variant(opt_hw: tuple[int, int] = (480, 640)) -> dict[str, str]:
+    """The T4 spec with a letterbox on the GPU before the model (raw uint8 BGR frames, batch 1..4), fp32;
+    `opt_hw` is the profile's opt frame (a small one keeps the CPU tests' ONNX Runtime runs short)."""
+    return {
+        "cuts:\n": "cuts:\n  - name: letterbox\n    add: before\n    at: images\n    kernels:\n"
+                   "      - contract: letterbox\n        params: {size: 640}\n",
+        "inputs:\n  images:": "inputs:\n  raw_images:\n    shape: [batch, height, width, 3]\n    dtype: uint8\n"
+                              f"    profile:\n      min: [1, 32, 32, 3]\n      opt: [2, {opt_hw[0]}, {opt_hw[1]}, 3]\n"
+                              "      max: [4, 1080, 1920, 3]\n    buckets: [1, 2, 4]\n  images:",
+        "max: [8, 3, 640, 640]": "max: [4, 3, 640, 640]",
+        "buckets: [1, 2, 4, 8]             #": "buckets: [1, 2, 4]             #",
+        "precision: fp16 ": "precision: fp32 ",
+        "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 1.0], raw_images: [0, 255]}",
+    }
+
+
 def _has_gpu() -> bool:
     if shutil.which("nvidia-smi") is None:
         return False

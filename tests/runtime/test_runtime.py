@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import FUSED, REPO, YOLOV8N_T4
+from conftest import FUSED, REPO, YOLOV8N_T4, letterbox_variant
 
 from deepjit_compiler.bundle.folder import read_bundle, update_bundle
 from deepjit_compiler.errors import BundleError, KernelError, MissingDependency, RuntimeInputError
@@ -32,17 +32,7 @@ from deepjit_compiler.runtime.layout import Layout
 from deepjit_compiler.runtime.pipeline import CountingGpu, Pipeline
 
 YOLOV8N = {old: new for old, new in YOLOV8N_T4.items() if not new.startswith("path: out/")}  # out/<name> here
-LETTERBOX = {
-    "cuts:\n": "cuts:\n  - name: letterbox\n    add: before\n    at: images\n    kernels:\n"
-               "      - contract: letterbox\n        params: {size: 640}\n",
-    "inputs:\n  images:": "inputs:\n  raw_images:\n    shape: [batch, height, width, 3]\n    dtype: uint8\n"
-                          "    profile:\n      min: [1, 32, 32, 3]\n      opt: [2, 48, 64, 3]\n"
-                          "      max: [4, 1080, 1920, 3]\n    buckets: [1, 2, 4]\n  images:",
-    "max: [8, 3, 640, 640]": "max: [4, 3, 640, 640]",
-    "buckets: [1, 2, 4, 8]             #": "buckets: [1, 2, 4]             #",
-    "precision: fp16 ": "precision: fp32 ",
-    "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 1.0], raw_images: [0, 255]}",
-}
+LETTERBOX = letterbox_variant(opt_hw=(48, 64))
 HEADS = 80 * 80 + 40 * 40 + 20 * 20     # anchors of a 640x640 YOLOv8 (strides 8, 16, 32)
 
 

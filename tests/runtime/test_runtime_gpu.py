@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from conftest import letterbox_variant
 
 from deepjit_compiler.errors import BundleError, RuntimeInputError
 from deepjit_compiler.runtime import gpu as gpu_mod
@@ -45,18 +46,7 @@ def variant_specs(sm: int) -> dict[str, dict[str, str]]:
     T4, and with a letterbox."""
     base = {"path: ../models/yolov8s.onnx": "path: models/yolov8n.onnx", "synthesize: yolov8s": "synthesize: yolov8n",
             "file://../build/store": "file://store", "  gate: true": "  gate: false"}
-    letterbox = {
-        "cuts:\n": "cuts:\n  - name: letterbox\n    add: before\n    at: images\n    kernels:\n"
-                   "      - contract: letterbox\n        params: {size: 640}\n",
-        "inputs:\n  images:": "inputs:\n  raw_images:\n    shape: [batch, height, width, 3]\n    dtype: uint8\n"
-                              "    profile:\n      min: [1, 32, 32, 3]\n      opt: [2, 480, 640, 3]\n"
-                              "      max: [4, 1080, 1920, 3]\n    buckets: [1, 2, 4]\n  images:",
-        "max: [8, 3, 640, 640]": "max: [4, 3, 640, 640]",
-        "buckets: [1, 2, 4, 8]             #": "buckets: [1, 2, 4]             #",
-        "precision: fp16 ": "precision: fp32 ",
-        "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 1.0], raw_images: [0, 255]}",
-        "gpu: T4 ": f"sm: {sm} ",
-    }
+    letterbox = {**letterbox_variant(), "gpu: T4 ": f"sm: {sm} "}
     # built for this GPU with the H200 spec's decode: 4 lanes an anchor, and a 2-lane kernel from batch 4; on
     # sm_90+ its nms takes clusters of 4 blocks an image, and of 2 from batch 4
     native = {"gpu: T4 ": f"sm: {sm} ", "          anchors_per_thread: 4\n": "          anchors_per_thread: 1\n"

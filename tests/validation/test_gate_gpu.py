@@ -5,7 +5,7 @@ import json
 import shutil
 
 import pytest
-from conftest import PIPELINES, REPO, run_cli
+from conftest import PIPELINES, REPO, letterbox_variant, run_cli
 from test_build import N, copy_contract
 from test_trained_detector import nudenet_spec
 
@@ -48,17 +48,7 @@ def test_users_copies_of_the_kernels_get_the_same_gpu_levels(write_spec, tmp_pat
     assert "detections" in levels["end_to_end"]["outputs"]
 
 
-LETTERBOX = {  # the T4 variant with a letterbox on the GPU before the model, fp32
-    "cuts:\n": "cuts:\n  - name: letterbox\n    add: before\n    at: images\n    kernels:\n"
-               "      - contract: letterbox\n        params: {size: 640}\n",
-    "inputs:\n  images:": "inputs:\n  raw_images:\n    shape: [batch, height, width, 3]\n    dtype: uint8\n"
-                          "    profile:\n      min: [1, 32, 32, 3]\n      opt: [2, 480, 640, 3]\n"
-                          "      max: [4, 1080, 1920, 3]\n    buckets: [1, 2, 4]\n  images:",
-    "max: [8, 3, 640, 640]": "max: [4, 3, 640, 640]",
-    "buckets: [1, 2, 4, 8]             #": "buckets: [1, 2, 4]             #",
-    "precision: fp16 ": "precision: fp32 ",
-    "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 1.0], raw_images: [0, 255]}",
-}
+LETTERBOX = letterbox_variant()
 
 
 def test_a_letterbox_pipeline_passes_every_gpu_level(write_spec, tmp_path):
