@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import graphlib
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +195,18 @@ def test_no_function_local_import_hides_a_dependency():
             if module.startswith("deepjit_compiler") or not any(lazy == ok or lazy.startswith(ok + ".") for ok in LAZY_OK):
                 found.append(f"{path.relative_to(REPO)}:{line}: {lazy}")
     assert not found, "function-local imports (move them to the top of the module):\n" + "\n".join(found)
+
+
+def test_the_design_notes_module_table_names_every_module():
+    """docs/design.md's table of packages and modules is how a newcomer finds their way: each module is
+    named (in backquotes) in its package's row, top-level modules in a '(top)' row."""
+    rows: dict[str, str] = {}
+    for line in (REPO / "docs" / "design.md").read_text().splitlines():
+        if cells := re.fullmatch(r"\| (`\w+/`|\(top\)) \| (.*) \| .* \|", line):
+            rows[cells[1].strip("`/")] = rows.get(cells[1].strip("`/"), "") + cells[2]
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        package = path.parent.name if path.parent != PACKAGE else "(top)"
+        if path.name != "__init__.py" and f"`{path.stem}`" not in rows.get(package, ""):
+            missing.append(module_name(path))
+    assert len(rows) > 10 and not missing, f"modules docs/design.md's table does not name: {missing}"
