@@ -1,7 +1,8 @@
 """ONNX references for stages the model does not contain: NMS after the detections, letterbox before
 `images`. Both are graphs of standard ONNX ops that ONNX Runtime runs, so every JIT kernel has a
 reference; docs/semantics.md fixes what they compute. `nms_numpy` and `letterbox_numpy` are plain
-numpy versions of the same note, used only as independent oracles in tests.
+numpy versions of the same note: `nms_numpy` a test oracle only; `letterbox_numpy` also the host
+letterbox of validation data, calibration and `deepjit run` (its tests check it against the ONNX one).
 """
 from __future__ import annotations
 
@@ -271,7 +272,8 @@ def _bilinear_half_pixel(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
 
 def letterbox_numpy(images: np.ndarray, *, size: int = 640, dtype: str = "float32", swap_rb: bool = True,
                     pad_value: float = 114, **_kernel_only) -> dict[str, np.ndarray]:
-    """docs/semantics.md's letterbox, written out directly (a test oracle, not used by the pipeline)."""
+    """docs/semantics.md's letterbox, written out directly: the host's letterbox (validation data,
+    calibration, `deepjit run` without a letterbox stage), and a test oracle for the kernel."""
     batch, h, w, _ = images.shape
     r = min(np.float32(size) / np.float32(h), np.float32(size) / np.float32(w))
     new_w, new_h = round(float(np.float32(w) * r)), round(float(np.float32(h) * r))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from deepjit_compiler.files import atomic_write
 from deepjit_compiler.jit import cache as cache_mod
 from deepjit_compiler.jit import nvrtc
 from deepjit_compiler.jit.cache import KernelCache
@@ -168,8 +169,16 @@ def test_an_older_formats_entry_is_a_plain_miss_and_rewritten(tiny, tmp_path):
     assert compile_cached(source(tiny), 75, cache=KernelCache(tmp_path)).from_cache
 
 
-def test_entries_are_committed_by_meta_written_last(tiny, tmp_path):
+def test_entries_are_committed_by_meta_written_last(tiny, tmp_path, monkeypatch):
+    written = []
+
+    def recording(path, data):
+        written.append(Path(path).name)
+        return atomic_write(path, data)
+
+    monkeypatch.setattr(cache_mod, "atomic_write", recording)
     k = compile_cached(source(tiny), 75, cache=KernelCache(tmp_path))
+    assert sorted(written[:-1]) == ["cubin", "ptx"] and written[-1] == "meta.json"  # the commit, after the blobs
     folder = _entry(tmp_path, k.key)
     assert sorted(p.name for p in folder.iterdir()) == ["cubin", "meta.json", "ptx"]  # no temp files left
     meta = json.loads((folder / "meta.json").read_text())

@@ -14,6 +14,7 @@ from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes
 from deepjit_compiler.graph.tensors import TensorSig, value_info_map
 from deepjit_compiler.surgery.cut import plan_from_model
 from deepjit_compiler.surgery.plan import AddedStage, CutRequest, KernelRequest, KernelSite, Segment
+from deepjit_compiler.validation.executor import plan_runner
 from deepjit_compiler.validation.graph import check_reassembly
 
 
@@ -136,6 +137,28 @@ def test_plan_write_is_atomic_deterministic_and_loadable(tmp_path):
     assert not [p for p in (tmp_path / "one").rglob(".*")]  # no temp files left behind
 
 
+def test_a_plan_write_that_fails_leaves_the_files_before_it_whole(tmp_path, monkeypatch):
+    """Atomic: a write that fails before its rename (a full disk, a kill) leaves what was there."""
+    import os
+
+    from deepjit_compiler.errors import DeepJITError
+
+    plan = plan_from_model(two_cut_model(), [cut("silu", ["a"], ["m1"])])
+    before = {rel: f"an earlier {rel}".encode() for rel in (plan.relpath(s) for s in plan.steps)}
+    for rel, data in before.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(DeepJITError, match="No space left on device"):
+        plan.write(tmp_path)
+    assert {rel: (tmp_path / rel).read_bytes() for rel in before} == before
+    assert not [p for p in tmp_path.rglob(".*")]
+
+
 def test_plan_summary_is_plain_data():
     import json
 
@@ -175,11 +198,15 @@ def test_added_stages_wrap_the_model_and_replace_its_inputs_and_outputs():
 
 
 def test_added_stage_and_cut_together():
+    # conf_threshold 0.01, as above: with no detection, a wrong decode piece would go unseen behind the NMS.
     cuts = [CutRequest("decode", inputs=["flat_out"], outputs=["output0"], kernels=(KernelRequest("decode"),)),
-            *detector_cuts()]
+            *detector_cuts(nms={"conf_threshold": 0.01})]
     plan = plan_from_model(tiny_detector(), cuts)
     assert kinds(plan) == [("added", "lb"), ("segment", "segment"), ("kernel", "decode"), ("added", "nms")]
-    assert check_reassembly(plan, tiny_detector(), seed=1, samples=1).passed
+    feed = {"raw_images": np.random.default_rng(1).integers(0, 256, (2, 40, 24, 3), dtype=np.uint8)}
+    report = check_reassembly(plan, tiny_detector(), [feed])
+    assert report.passed and report.first_mismatch is None, report.describe()
+    assert (plan_runner(plan).tensors(feed)["num_dets"] > 0).all()  # the NMS outputs hold detections
 
 
 # --- errors -------------------------------------------------------------------------------------

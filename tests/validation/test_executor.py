@@ -61,13 +61,16 @@ def test_plan_runner_swaps_only_the_overridden_steps():
 def test_reference_model_wraps_the_model_in_its_added_stages():
     model = tiny_detector()
     plan = plan_from_model(model, [CutRequest("nms", add="after", at="output0",
-                                              kernels=(KernelRequest("nms", {"max_det": 5}),))])
+                                              kernels=(KernelRequest("nms", {"max_det": 5,
+                                                                             "conf_threshold": 0.01}),))])
     ref = reference_model(plan, model)
     assert [i.name for i in ref.graph.input] == ["images"]
-    assert [o.name for o in ref.graph.output] == ["num_dets", "boxes", "scores", "classes"]
+    outputs = ["num_dets", "boxes", "scores", "classes"]
+    assert [o.name for o in ref.graph.output] == outputs
     x = np.random.default_rng(1).random((2, 3, 32, 32), dtype=np.float32)
-    whole = dict(zip(["num_dets", "boxes"], ort_session(ref).run(["num_dets", "boxes"], {"images": x})))
+    whole = dict(zip(outputs, ort_session(ref).run(outputs, {"images": x})))
     stepwise = StepRunner([("model", model), ("nms", plan.step("nms").reference)]).tensors({"images": x})
-    np.testing.assert_array_equal(whole["num_dets"], stepwise["num_dets"])
-    np.testing.assert_array_equal(whole["boxes"], stepwise["boxes"])
+    assert (whole["num_dets"] > 0).all()  # tiny_detector's scores are below the default 0.25: 0.01 keeps some
+    for name in outputs:
+        np.testing.assert_array_equal(whole[name], stepwise[name])
     assert whole["boxes"].shape == (2, 5, 4)

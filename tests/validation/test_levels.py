@@ -34,7 +34,7 @@ def detector_spec(tmp_path_factory):
         "name: tiny\nmodel: {path: tiny.onnx}\ntarget: {gpu: T4}\n"
         "inputs:\n  images: {shape: [N, 3, 32, 32], profile: {min: [1, 3, 32, 32], opt: [2, 3, 32, 32], max: [2, 3, 32, 32]}}\n"
         "engine: {precision: fp16}\n"
-        "cuts:\n  - {name: nms, add: after, at: output0, kernels: [{contract: nms, params: {max_det: 20}}]}\n"
+        "cuts:\n  - {name: nms, add: after, at: output0, kernels: [{contract: nms, params: {max_det: 20, conf_threshold: 0.01}}]}\n"
         "validation:\n  samples: 2\n  data: {random: {ranges: {images: [0.0, 1.0]}}}\n")
     return load_spec(folder / "spec.yaml")
 
@@ -50,8 +50,12 @@ def test_precision_level_measures_the_rewrite_and_compares_detections_as_sets(de
     assert set(segments) == {"segment"} and level.status == "passed"
     assert "fp16 segments vs the fp32 model" == level.reason
     assert {o.name for o in level.outputs} == {"detections"}   # NMS outputs as sets, nothing dense
+    # conf_threshold 0.01 above: tiny_detector's scores stay below the default 0.25, and two empty sets
+    # would match perfectly whatever the rewrite did
+    assert level.outputs[0].metrics["reference"] > 0
     _, dense = precision_stage(spec, plan, model, feeds, None, ())
     assert {o.name for o in dense.outputs} == {"num_dets", "boxes", "scores", "classes"}
+    assert dense.status == "passed"
 
 
 def test_fp32_precision_level_is_the_models_own(detector_spec):
