@@ -19,7 +19,7 @@ from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.runtime import gpu as gpu_mod
 from deepjit_compiler.runtime.run import run_bundle
-from deepjit_compiler.surgery.references import letterbox_numpy
+from deepjit_compiler.surgery.references import letterbox_reference
 from deepjit_compiler.validation.gate import not_run
 
 
@@ -62,14 +62,17 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def expected(model: Path, png: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes in the photo's pixels and classes: letterbox on the host, the model on ONNX Runtime's CPU."""
+    """Boxes in the photo's pixels and classes: the ONNX letterbox and the model on ONNX Runtime's CPU
+    (not letterbox_numpy, which is what the host-letterbox bundle itself runs)."""
     from PIL import Image
 
     rgb = np.asarray(Image.open(png).convert("RGB"))
-    boxed = letterbox_numpy(rgb[None, ..., ::-1], size=SIZE)  # BGR in, like an OpenCV image
+    letterbox = ort.InferenceSession(letterbox_reference(size=SIZE).SerializeToString(),
+                                     providers=["CPUExecutionProvider"])
+    images, ratio_pad = letterbox.run(["images", "ratio_pad"], {"raw_images": rgb[None, ..., ::-1].copy()})  # BGR in
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    boxes, _, classes = ultralytics_nms(sess.run(None, {"images": boxed["images"]})[0][0])
-    r, left, top = (float(v) for v in boxed["ratio_pad"][0])
+    boxes, _, classes = ultralytics_nms(sess.run(None, {"images": images})[0][0])
+    r, left, top = (float(v) for v in ratio_pad[0])
     h, w = rgb.shape[:2]
     boxes = (boxes - [left, top, left, top]) / r
     return np.clip(boxes, 0, [w, h, w, h]), classes

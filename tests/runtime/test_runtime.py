@@ -714,11 +714,14 @@ def test_map_boxes_back_to_the_image():
 
 def test_npy_rows_and_single_samples(tmp_path, t4_layout):
     rng = np.random.default_rng(8)
-    np.save(tmp_path / "a.npy", images(rng, 2))
-    np.save(tmp_path / "b.npy", images(rng, 1)[0])
+    a, b = images(rng, 2), images(rng, 1)[0]
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
     samples = runbundle.load_samples([tmp_path / "a.npy", tmp_path / "b.npy"], t4_layout)
     assert [s.source for s in samples] == ["a.npy[0]", "a.npy[1]", "b.npy"]
     assert all(s.feed["images"].shape == (1, 3, 640, 640) and s.ratio_pad is None for s in samples)
+    for sample, want in zip(samples, (a[0:1], a[1:2], b[None])):  # each row its own data
+        np.testing.assert_array_equal(sample.feed["images"], want)
     assert [len(g) for g in runbundle.batches(samples * 3, 4)] == [4, 4, 1]
     folder = runbundle.expand_inputs([tmp_path])
     assert [p.name for p in folder] == ["a.npy", "b.npy"]
@@ -795,8 +798,11 @@ def test_run_and_bench_on_the_cpu(tmp_path, t4_bundle):
     assert set(result["kernels"].values()) == {"onnx reference"}
     want = bundle_steps_on_onnxruntime(t4_bundle, {"images": x})
     assert [r["num_dets"] for r in result["results"]] == want["num_dets"].tolist() and want["num_dets"].min() > 0
-    for r, boxes in zip(result["results"], want["boxes"]):
-        np.testing.assert_allclose([d["box"] for d in r["detections"]], boxes[:r["num_dets"]], atol=1e-3)
+    for r, boxes, scores, classes in zip(result["results"], want["boxes"], want["scores"], want["classes"]):
+        n = r["num_dets"]
+        np.testing.assert_allclose([d["box"] for d in r["detections"]], boxes[:n], atol=1e-3)
+        np.testing.assert_allclose([d["score"] for d in r["detections"]], scores[:n], atol=1e-6)  # 6 places
+        assert [d["class"] for d in r["detections"]] == classes[:n].tolist()
     bench = runbundle.bench_bundle(t4_bundle, [1], warmup=0, iters=2, device="cpu")
     (row,) = bench["results"]
     assert row["gpu_us"] is None and row["copied_bytes"] == {"h2d": 0, "d2h": 0} and row["kernel_launches"] == 0
@@ -843,16 +849,21 @@ def test_run_bundle_writes_detections_in_image_pixels(tmp_path, t4_bundle, fake)
     assert "street.npy: 1 detections (boxes in image pixels)" in runbundle.format_run(result)
 
 
-def test_bench_bundle_reports_percentiles_and_launches(t4_bundle, fake):
+def test_bench_bundle_reports_percentiles_and_launches(t4_bundle, fake, monkeypatch):
     with pytest.raises(RuntimeInputError, match="--batch 9: this bundle takes batches 1..8"):
         runbundle.bench_bundle(t4_bundle, [1, 9])
-    result = runbundle.bench_bundle(t4_bundle, [1, 3], graphs=True, warmup=1, iters=3)
+    # The timed calls take known, seeded times: the clock reads t, t + d for each call.
+    durations_s = np.random.default_rng(21).uniform(100e-6, 900e-6, (2, 7))
+    clock = iter(np.cumsum(np.stack([np.full_like(durations_s, 1.0), durations_s], -1).ravel()))
+    monkeypatch.setattr(runbundle, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(clock))}))
+    result = runbundle.bench_bundle(t4_bundle, [1, 3], graphs=True, warmup=1, iters=7)
     rows = result["results"]
     assert [(r["batch"], r["bucket"], r["kernel_launches"], r["graph_launches"]) for r in rows] == \
         [(1, 1, 2, 1), (3, 4, 2, 1)]
-    for r in rows:
-        c = r["call_us"]
-        assert 0 < c["p50"] <= c["p95"] <= c["p99"] and r["throughput_img_s"] > 0
+    for r, d in zip(rows, durations_s * 1e6):
+        assert r["call_us"] == pytest.approx({"p50": np.median(d), "p95": np.percentile(d, 95),
+                                              "p99": np.percentile(d, 99), "mean": d.mean()}, rel=1e-6)
+        assert r["throughput_img_s"] == pytest.approx(r["batch"] * 1e6 / d.mean(), rel=1e-6)
         assert r["gpu_us"]["p50"] == pytest.approx(250.0)   # the fake's events: 0.25 ms per device phase
     table = runbundle.format_bench(result)
     assert "call p50" in table and len(table.splitlines()) == 1 + 1 + 2 + 1

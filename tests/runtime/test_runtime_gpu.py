@@ -165,6 +165,7 @@ def test_padding_rows_do_not_change_the_real_rows(bundles):
         full = pipe({"images": x})
         pipe({"images": images(8, 8)})               # leaves other data in every padding row
         three = pipe({"images": x[:3]})              # bucket 4: row 3 is padding
+    assert int(full["num_dets"][:3].sum()) > 0       # detections to compare, not two empty sets
     for name in DETS:
         np.testing.assert_array_equal(three[name], full[name][:3])
 
@@ -180,6 +181,7 @@ def test_t4_bundle_runs_through_its_ptx(bundles, caplog):
         assert set(t4.code.values()) == {"ptx"}
         assert "built for sm_75" in caplog.text and "PTX" in caplog.text
         got = t4(x)
+    assert int(want["num_dets"].sum()) > 0           # detections to compare, not two empty sets
     assert_same_detections(want, got)
     with pytest.raises(BundleError, match="cubin for sm_75.*load its PTX"):
         Pipeline.load(bundles["yolov8n_t4"], prefer="cubin")
