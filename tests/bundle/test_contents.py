@@ -2,11 +2,13 @@
 manifest's record of the plan, engine and toolchain (bundle/contents.py), on the built T4 example."""
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from deepjit_compiler.bundle.contents import MODEL_FILE, SPEC_FILE, kernel_files
 from deepjit_compiler.bundle.folder import read_bundle
@@ -40,7 +42,13 @@ def test_the_manifest_records_plan_engine_and_toolchain(t4_build):
     assert m["engine"]["settings"]["timing_cache"] is None   # the build machine's path stays behind
     decode = next(s for s in m["plan"]["steps"] if s["name"] == "decode")
     assert decode["reference"] == "references/decode.onnx" and decode["facts"]["num_classes"] == 80
-    assert decode["kernels"][0]["format"] == 1 and decode["kernels"][0]["contract_sha256"]
+    assert decode["kernels"][0]["format"] == 1
+    # the contract's digest: its YAML, then its template and headers by name (kernels/yolov8_decode.yaml)
+    h = hashlib.sha256((REPO / "kernels" / "yolov8_decode.yaml").read_bytes())
+    for name in ("yolov8_decode.cu.j2", "deepjit_common.cuh", "deepjit_nms.cuh"):
+        h.update(name.encode() + b"\0" + (REPO / "templates" / name).read_bytes())
+    assert decode["kernels"][0]["contract_sha256"] == h.hexdigest()
+    assert m["spec"]["sha256"] == hashlib.sha256(t4_build.spec.text.encode()).hexdigest()
     nms = next(s for s in m["plan"]["steps"] if s["name"] == "nms")
     assert nms["position"] == "after" and nms["params"]["max_det"] == 300
 

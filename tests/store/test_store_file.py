@@ -270,7 +270,8 @@ def test_stale_temporaries_of_interrupted_pushes_are_removed(tmp_path):
     assert not old.exists() and fresh.exists()
 
 
-def test_junk_in_a_store_is_a_clear_error(tmp_path):
+def test_a_junk_side_manifest_is_listed_without_a_name_and_the_blob_still_pulls(tmp_path):
+    """The side manifest only feeds `ls`: a deeply nested (hostile) one neither crashes it nor the pull."""
     s = FileStore(tmp_path / "store")
     digest = s.push(make_bundle(tmp_path / "a", 36).path, "v1").digest
     meta = tmp_path / f"store/blobs/sha256/{digest.split(':')[1]}.manifest.json"
