@@ -2,8 +2,9 @@
 
 Every file DeepJIT writes goes through a temporary name in the same folder and `os.replace`, so an
 interrupted process never leaves a half-written file under the real name. One writer at a time per
-output path (`output_lock`), and under that lock what an interrupted writer left behind, named as
-only DeepJIT names things (`.NAME.tmp-*`, ...), is removed. A write the file system refuses (disk
+output path (`output_lock`), and under that lock what an interrupted writer left behind is removed,
+but only what DeepJIT provably made (`_ours`: its name, tempfile's random suffix, this user's, and
+DeepJIT's mark inside a folder or mkstemp's 0600 on a file): a user's `.NAME.old-2023` stays. A write the file system refuses (disk
 full, read-only) is an OutputError naming the path (exit 2), never a traceback. Files DeepJIT reads
 but did not write (a cache entry, a store's tag, an input array) are opened as regular files only.
 """
@@ -15,6 +16,7 @@ import glob
 import hashlib
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -29,9 +31,11 @@ from .errors import BundleError, OutputError
 log = logging.getLogger("deepjit.files")
 
 _FILE_MODE, _EXEC_MODE, _DIR_MODE = 0o644, 0o755, 0o755
-# What DeepJIT's own writers of NAME leave beside it while they work (older releases: `.NAME.staging`).
-_LEFTOVERS = (".{n}.tmp-*", ".{n}.old-*", "..{n}.staging.tmp-*", ".{n}.staging", ".{n}.report.tmp-*",
-              ".{n}.report.old-*", ".{n}.tar.gz.tmp-*")
+# What DeepJIT's own writers of NAME leave beside it while they work: these prefixes, then tempfile's
+# random suffix; its folders hold MARK (written first), its files are still mkstemp's 0600.
+_LEFTOVERS = (".{n}.tmp-", ".{n}.old-", ".{n}.report.tmp-", ".{n}.report.old-", ".{n}.tar.gz.tmp-")
+_RANDOM = re.compile(r"[a-z0-9_]{8}")  # tempfile's names (its _RandomNameSequence)
+MARK = ".deepjit-temporary"
 _held: dict[str, int] = {}  # output locks this process holds, and how deep
 
 
@@ -62,13 +66,35 @@ def read_regular(path: Path, limit: int | None = None, *, follow: bool = True) -
 
 
 # ---------------------------------------------------------------------------- atomic file system
+def _temporary_folder(parent: Path, prefix: str) -> Path:
+    """A fresh folder `prefix` + random in `parent`, marked as DeepJIT's before anything goes in."""
+    folder = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    (folder / MARK).touch()
+    return folder
+
+
+def _ours(path: Path, prefix: str) -> bool:
+    """Whether `path` (named `prefix`...) is provably a temporary of DeepJIT's: tempfile's random suffix,
+    this user's, and a folder with DeepJIT's mark inside or a regular file still 0600 (atomic_file
+    widens it only when it renames it into place)."""
+    try:
+        st = path.lstat()
+        if not _RANDOM.fullmatch(path.name[len(prefix):]) or st.st_uid != os.getuid():
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            return stat.S_ISREG((path / MARK).lstat().st_mode)
+        return stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    except OSError:
+        return False
+
+
 @contextmanager
 def staging_dir(dest: Path) -> Iterator[Path]:
     """A fresh hidden folder next to `dest` (same file system, so os.replace is atomic),
     removed on exit whatever happened; an interrupted process leaves only `.NAME.tmp-*`."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+        stage = _temporary_folder(dest.parent, f".{dest.name}.tmp-")
     except OSError as e:
         raise cannot_write(dest, e) from None
     try:
@@ -120,7 +146,7 @@ def replace_dir(src: Path, dest: Path) -> None:
             return
         if dest.is_symlink() or not dest.is_dir():
             raise BundleError(f"{dest}: exists and is not a folder; refusing to replace it")
-        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
+        old = _temporary_folder(dest.parent, f".{dest.name}.old-")
         os.replace(dest, old / "old")
     except OSError as e:
         raise cannot_write(dest, e) from None
@@ -172,12 +198,12 @@ def output_lock(dest: Path) -> Iterator[None]:
 
 def remove_leftovers(dest: Path) -> None:
     """Remove what interrupted DeepJIT writers of `dest` left beside it (call under its lock)."""
-    name = glob.escape(dest.name)  # an output named `*` must not match a user's `.bashrc.old-2019`
-    for pattern in _LEFTOVERS:
-        for stale in dest.parent.glob(pattern.format(n=name)):
-            log.info("removing %s, left by an interrupted run", stale)
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else \
-                stale.unlink(missing_ok=True)
+    for prefix in (p.format(n=dest.name) for p in _LEFTOVERS):
+        # glob.escape: an output named `*` must not match a user's `.bashrc.old-2019`
+        for stale in dest.parent.glob(glob.escape(prefix) + "*"):
+            if _ours(stale, prefix):
+                log.info("removing %s, left by an interrupted run", stale)
+                shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
 
 
 def remove_old_temporaries(folder: Path, min_age_s: float = 600.0) -> None:
@@ -186,7 +212,7 @@ def remove_old_temporaries(folder: Path, min_age_s: float = 600.0) -> None:
     now = time.time()
     for stale in folder.glob(".*.tmp-*"):
         try:
-            if stale.is_file() and now - stale.stat().st_mtime > min_age_s:
+            if _ours(stale, stale.name[:stale.name.rindex(".tmp-") + 5]) and now - stale.stat().st_mtime > min_age_s:
                 stale.unlink()
                 log.info("removed %s, left by an interrupted write", stale)
         except OSError:

@@ -8,6 +8,8 @@ import io
 import json
 import os
 import random
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import REPO
 from onnx import TensorProto, helper, numpy_helper
 
 import deepjit_compiler.bundle.folder as bundle_mod
@@ -365,16 +368,46 @@ def test_a_folder_that_merely_holds_a_manifest_is_never_replaced(tmp_path, sampl
     assert (edited / "notes.txt").read_text() == "added by hand"
 
 
+def interrupted_writer(dest: Path) -> None:
+    """What a writer of `dest` killed mid-way leaves beside it (a process that exits without cleaning up):
+    its staging folders, with a half bundle and a half report, and a half-written archive."""
+    code = ("import os, sys\nfrom pathlib import Path\nfrom deepjit_compiler.files import atomic_file, staging_dir\n"
+            "dest = Path(sys.argv[1])\n"
+            "with staging_dir(dest) as s, staging_dir(dest.with_name(dest.name + '.report')) as r:\n"
+            "    (s / 'bundle').mkdir()\n    (s / 'bundle' / 'big.bin').write_bytes(b'x' * 1000)\n"
+            "    (r / 'report').mkdir()\n"
+            "    half = atomic_file(dest.with_name(dest.name + '.tar.gz'))\n"
+            "    half.__enter__().write(b'half')\n"
+            "    os._exit(9)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(dest)], timeout=120, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+
+
 def test_interrupted_writers_leftovers_are_removed_on_the_next_write(tmp_path, sample):
     files, manifest = sample
-    stale = [tmp_path / ".b.tmp-abc123", tmp_path / "..b.staging.tmp-xyz", tmp_path / ".b.report.tmp-1"]
-    for folder in stale:
-        (folder / "bundle").mkdir(parents=True)
-        (folder / "bundle" / "big.bin").write_bytes(b"x" * 1000)
-    (tmp_path / ".b.tar.gz.tmp-q").write_bytes(b"half")
+    interrupted_writer(tmp_path / "b")
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert [n.split("-")[0] for n in left] == [".b.report.tmp", ".b.tar.gz.tmp", ".b.tmp"], left
     (tmp_path / ".other.tmp-1").mkdir()        # another output's: not touched
     write_bundle(tmp_path / "b", files, manifest)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-1", "b", "b.tar.gz"]
+
+
+def test_only_what_deepjit_provably_made_is_removed(tmp_path, sample):
+    """Names like its leftovers' are not enough: a user's folder or file keeps its place."""
+    files, manifest = sample
+    users = {".b.old-2023": "dir", ".b.tmp-mine": "dir", ".b.tmp-abcd1234": "dir",  # no DeepJIT mark inside
+             ".b.tar.gz.tmp-abcd1234": "file", ".b.report.tmp-x": "file"}            # 0644: not mkstemp's
+    for name, kind in users.items():
+        if kind == "dir":
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "notes.txt").write_text("a user's")
+        else:
+            (tmp_path / name).write_text("a user's")
+            os.chmod(tmp_path / name, 0o644)
+    write_bundle(tmp_path / "b", files, manifest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*users, "b", "b.tar.gz"])
+    assert all((tmp_path / n / "notes.txt").exists() for n, kind in users.items() if kind == "dir")
 
 
 @pytest.mark.parametrize("name", ["*", "[.]b*", "?"])
@@ -383,7 +416,8 @@ def test_an_output_named_with_glob_characters_removes_only_its_own_leftovers(tmp
     users = [".bashrc.old-2019", ".x.old-1", ".notes.staging"]  # look like other outputs' leftovers
     for user in users:
         (tmp_path / user).write_text("a user's file")
-    (tmp_path / f".{name}.tmp-abc").mkdir()  # this output's own leftover
+    interrupted_writer(tmp_path / name)  # this output's own leftovers
+    assert len(list(tmp_path.iterdir())) == len(users) + 3
     write_bundle(tmp_path / name, files, manifest, archive=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*users, name])
 

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import random
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -262,12 +263,13 @@ def test_stale_temporaries_of_interrupted_pushes_are_removed(tmp_path):
     s = FileStore(tmp_path / "store")
     s.push(make_bundle(tmp_path / "a", 34).path, "v1")
     blobs = tmp_path / "store/blobs/sha256"
-    old, fresh = blobs / f".{HEX}.tar.gz.tmp-old", blobs / f".{HEX}.tar.gz.tmp-new"
-    old.write_bytes(b"x" * 1000)
-    fresh.write_bytes(b"y")
-    os.utime(old, (time.time() - 3600, time.time() - 3600))   # an hour untouched: its writer is gone
+    old, fresh = (Path(tempfile.mkstemp(dir=blobs, prefix=f".{HEX}.tar.gz.tmp-")[1]) for _ in range(2))  # as pushes do
+    user = blobs / f".{HEX}.tar.gz.tmp-mine"                   # a name like theirs, not made by DeepJIT
+    user.write_bytes(b"z")
+    for stale in (old, user):
+        os.utime(stale, (time.time() - 3600, time.time() - 3600))   # an hour untouched: its writer is gone
     s.push(make_bundle(tmp_path / "b", 35).path, "v2")
-    assert not old.exists() and fresh.exists()
+    assert not old.exists() and fresh.exists() and user.exists()
 
 
 def test_a_junk_side_manifest_is_listed_without_a_name_and_the_blob_still_pulls(tmp_path):
