@@ -263,7 +263,7 @@ def export_triton_cmd(bundle: Path, repo: Path, name, model_version, max_batch, 
     """Write BUNDLE as a Triton Inference Server model in the model repository REPO (REPO/NAME/: config.pbtxt,
     VERSION/model.py and the bundle), for Triton's Python backend."""
     try:
-        devices = tuple(int(g) for g in gpus.split(",")) if gpus else None
+        devices = tuple(int(g) for g in gpus.split(",")) if gpus is not None else None
     except ValueError:
         raise click.BadParameter(f"{gpus!r}: give GPU numbers like 0,1", param_hint="--gpus") from None
     options = TritonOptions(name, model_version, max_batch, kind, instances, devices, env, not no_dynamic_batching,

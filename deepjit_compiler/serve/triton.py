@@ -114,25 +114,25 @@ def _check_bundle_name(bundle: BundleView) -> None:
 def checked_options(layout: Layout, bundle: BundleView, options: TritonOptions) -> TritonOptions:
     """The options with the bundle's defaults filled in; ServeError naming the option and what is allowed."""
     _check_bundle_name(bundle)
-    name = options.name or layout.name or ""
+    name = (layout.name or "") if options.name is None else options.name
     if not _NAME.fullmatch(name):
         raise ServeError(f"--name {name!r}: a Triton model name here is {NAME_RULE}"
-                         + ("" if options.name else " (the bundle has no usable name)"))
-    if options.version < 1:
-        raise ServeError(f"--version {options.version}: Triton model versions are whole numbers from 1")
+                         + ("" if options.name is not None else " (the bundle has no usable name)"))
+    if not (isinstance(options.version, int) and 1 <= options.version <= INT64_MAX):
+        raise ServeError(f"--version {options.version}: Triton model versions are whole numbers from 1 to {INT64_MAX}")
     if options.kind not in KINDS:
         raise ServeError(f"--kind {options.kind!r}: one of {', '.join(KINDS)}")
-    if options.instances < 1:
-        raise ServeError(f"--instances {options.instances}: at least 1")
+    if not (isinstance(options.instances, int) and 1 <= options.instances <= INT32_MAX):
+        raise ServeError(f"--instances {options.instances}: a whole number from 1 to {INT32_MAX}")
     if options.gpus is not None and (options.kind != "gpu" or not options.gpus or min(options.gpus) < 0 or
-                                     len(set(options.gpus)) != len(options.gpus)):
-        raise ServeError(f"--gpus {','.join(map(str, options.gpus))}: distinct GPU numbers (0, 1, ...), and only "
-                         "with --kind gpu")
+                                     max(options.gpus) > INT32_MAX or len(set(options.gpus)) != len(options.gpus)):
+        raise ServeError(f"--gpus {','.join(map(str, options.gpus)) or repr('')}: distinct GPU numbers (0, 1, ... "
+                         f"up to {INT32_MAX}), and only with --kind gpu")
     if options.env is not None and not Path(options.env).is_absolute():
         raise ServeError(f"--env {options.env}: give the serving environment's absolute path (Triton's "
                          "EXECUTION_ENV_PATH is read on the server)")
-    if options.max_queue_delay_us < 0:
-        raise ServeError(f"--max-queue-delay-us {options.max_queue_delay_us}: 0 or more")
+    if not 0 <= options.max_queue_delay_us <= INT64_MAX:
+        raise ServeError(f"--max-queue-delay-us {options.max_queue_delay_us}: a whole number from 0 to {INT64_MAX}")
     if layout.min_batch > 1:
         raise ServeError(f"{bundle.source}: its profile's min batch is {layout.min_batch}; Triton sends batches "
                          "from 1: rebuild with profile min batch 1")

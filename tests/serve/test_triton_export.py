@@ -149,11 +149,19 @@ def test_a_users_folder_is_refused(real_bundles, tmp_path):
     (["--max-batch", "0"], "--max-batch 0: this bundle takes batches 1..2"),
     (["--name", "../up"], "--name '../up': a Triton model name here is 1 to 200 letters, digits"),
     (["--name", "m" * 201], f"--name '{'m' * 201}': a Triton model name here is 1 to 200 letters, digits"),
-    (["--kind", "cpu", "--gpus", "0"], "--gpus 0: distinct GPU numbers (0, 1, ...), and only with --kind gpu"),
+    (["--kind", "cpu", "--gpus", "0"], "--gpus 0: distinct GPU numbers (0, 1, ... up to 2147483647), and only with --kind gpu"),
     (["--gpus", "0,0"], "--gpus 0,0: distinct GPU numbers"),
     (["--env", "venv"], "--env venv: give the serving environment's absolute path"),
     (["--version", "0"], "--version 0: Triton model versions are whole numbers from 1"),
-    (["--instances", "0"], "--instances 0: at least 1"),
+    (["--instances", "0"], "--instances 0: a whole number from 1 to 2147483647"),
+    (["--instances", "2147483648"], "--instances 2147483648: a whole number from 1 to 2147483647"),
+    (["--version", "9223372036854775808"], "--version 9223372036854775808: Triton model versions are whole numbers "
+                                           "from 1 to 9223372036854775807"),
+    (["--gpus", "2147483648"], "--gpus 2147483648: distinct GPU numbers (0, 1, ... up to 2147483647)"),
+    (["--gpus", ""], "give GPU numbers like 0,1"),
+    (["--max-queue-delay-us", "18446744073709551616"], "--max-queue-delay-us 18446744073709551616: a whole number "
+                                                        "from 0 to 9223372036854775807"),
+    (["--name", ""], "--name '': a Triton model name here is 1 to 200"),
     (["--kind", "tpu"], "Invalid value for '--kind'"),
     (["--frobnicate"], "No such option '--frobnicate'"),
 ])
