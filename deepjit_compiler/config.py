@@ -97,18 +97,22 @@ def data_dir(name: str) -> Path:
     raise FileNotFoundError(f"DeepJIT's '{name}' folder is missing from {_PKG.parent} and {_PKG / '_data'}")
 
 
+WEEK_S = 7 * 24 * 3600.0  # a registry wait past a week is a typo (and past ~1e9 s, time's own limits overflow)
+
+
 def registry_timeout_s() -> float:
     """$DEEPJIT_REGISTRY_TIMEOUT_S: connect and read timeout of each registry request (default 30)."""
-    return _positive("DEEPJIT_REGISTRY_TIMEOUT_S", 30.0, "a number of seconds")
+    return _positive("DEEPJIT_REGISTRY_TIMEOUT_S", 30.0, "a number of seconds", WEEK_S)
 
 
 def registry_deadline_s() -> float:
     """$DEEPJIT_REGISTRY_DEADLINE_S: no registry request of one command starts past this (default 1800)."""
-    return _positive("DEEPJIT_REGISTRY_DEADLINE_S", 1800.0, "a number of seconds")
+    return _positive("DEEPJIT_REGISTRY_DEADLINE_S", 1800.0, "a number of seconds", WEEK_S)
 
 
-def _positive(name: str, default: float, what: str) -> float:
-    """A quantity from the environment: ConfigError naming the variable unless a finite number above 0."""
+def _positive(name: str, default: float, what: str, most: float = math.inf) -> float:
+    """A quantity from the environment: ConfigError naming the variable unless a finite number above 0
+    (and at most `most`)."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -116,6 +120,7 @@ def _positive(name: str, default: float, what: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"${name} is {text!r}: {what} above 0 is allowed (default {default:g})")
+    if not math.isfinite(value) or not 0 < value <= most:
+        upto = f" and at most {most:g}" if math.isfinite(most) else ""
+        raise ConfigError(f"${name} is {text!r}: {what} above 0{upto} is allowed (default {default:g})")
     return value

@@ -449,12 +449,13 @@ def test_a_registry_that_stalls_after_v2_is_given_up_on(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["DEEPJIT_REGISTRY_TIMEOUT_S", "DEEPJIT_REGISTRY_DEADLINE_S"])
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf"])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "nan", "inf", "1e10", "604801"])
 def test_a_bad_registry_duration_is_named_before_any_request(tmp_path, monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     asked = []
     with fake_registry(lambda method, path, headers: asked.append(path) or (200, {}, b"{}")) as reg:
-        with pytest.raises(DeepJITError, match=rf"\${name} is '{value}': a number of seconds above 0 is allowed") as e:
+        with pytest.raises(DeepJITError, match=rf"\${name} is '{value}': a number of seconds above 0 and at most "
+                                               r"604800 is allowed") as e:
             store.pull(f"oci://{reg.host}/t/x:v1", tmp_path / "p")
     assert e.value.exit_code == 2 and asked == []
     assert not (tmp_path / "p").exists()
