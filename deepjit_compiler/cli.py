@@ -6,6 +6,7 @@ code); everything logged, by DeepJIT or by the libraries it drives, goes to stde
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import re
 import sys
@@ -70,6 +71,16 @@ def working(as_json: bool = False) -> Iterator[None]:
             yield
     except (click.exceptions.Exit, click.exceptions.Abort):
         raise
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:
+            if as_json:
+                _emit_json(_error_document(e))
+            raise
+        too_long = OutputError(f"{e.filename or 'a path'}: a name in this path is longer than the file system allows (255 "
+                               "bytes a name on most)")  # a path the user gave: bad input, not a bug
+        if as_json:
+            _emit_json(_error_document(too_long))
+        raise too_long from None
     except Exception as e:
         if as_json:
             _emit_json(_error_document(e))

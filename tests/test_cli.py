@@ -263,3 +263,15 @@ def test_a_bad_log_level_is_exit_2_naming_the_variable(tmp_path):
     assert "$DEEPJIT_LOG_LEVEL is 'BOGUS': one of DEBUG, INFO, WARNING, ERROR, CRITICAL" in r.stderr
     ok = run_cli("ls", store, env={**os.environ, "DEEPJIT_LOG_LEVEL": "debug"})  # any case; on to the store
     assert ok.returncode == 2 and "DEEPJIT_LOG_LEVEL" not in ok.stderr and "does not exist" in ok.stderr
+
+
+def test_a_path_with_a_name_too_long_is_bad_input_not_a_bug(tmp_path, t4_build):
+    """ENAMETOOLONG from a path the user gave is exit 2 naming it (it was exit 3 with a traceback)."""
+    long = tmp_path / ("a" * 300)
+    for args in (["ls", f"file://{long}", "--json"], ["pull", f"file://{long}:v1", str(tmp_path / "p")],
+                 ["export", "triton", str(t4_build.bundle.path), str(long), "--json"]):
+        r = run_cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert f"error: {long}: a name in this path is longer than the file system allows" in r.stderr, r.stderr
+        if "--json" in args:
+            assert json.loads(r.stdout)["error"]["exit_code"] == 2
