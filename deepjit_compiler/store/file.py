@@ -125,12 +125,20 @@ class FileStore(Store):
         log.info("pushed %s to %s:%s%s", digest, self.url, tag, " (unchanged)" if current == digest else "")
         return PushResult(f"{self.url}:{tag}", digest, f"{self.url}@{digest}")
 
+    def _check_is_store(self) -> None:
+        """Reading a store that is not one is bad input: a missing folder, or one holding other things."""
+        if not self.root.is_dir():
+            raise StoreError(f"{self.url}: no store there ({self.root} does not exist; a push creates it)")
+        if not (self._tags.is_dir() or self._blobs.is_dir()) and any(self.root.iterdir()):
+            raise StoreError(f"{self.url}: {self.root} is not a DeepJIT store (no tags/ or blobs/ in it)")
+
     def _resolve(self, tag_or_digest: str) -> str:
         if DIGEST_RE.fullmatch(tag_or_digest):
             return tag_or_digest
         check_tag(tag_or_digest)
         digest = self._read_tag(tag_or_digest)
         if digest is None:
+            self._check_is_store()
             raise StoreError(f"{self.url}: no tag '{tag_or_digest}'{closest(tag_or_digest, self._tags_list())}")
         return digest
 
@@ -148,8 +156,7 @@ class FileStore(Store):
         return Path(dest)
 
     def ls(self) -> list[Entry]:
-        if not self.root.is_dir():
-            raise StoreError(f"{self.url}: no store there ({self.root} does not exist; a push creates it)")
+        self._check_is_store()
         entries = []
         for tag in self._tags_list():
             try:

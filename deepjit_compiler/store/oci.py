@@ -296,12 +296,14 @@ class OciStore(Store):
                              f"expected {descriptor.get('size')} bytes: tampered or truncated, refused")
         return path
 
-    def _tags(self) -> list[str]:
+    def _tags(self, missing_ok: bool = True) -> list[str]:
         url, tags = f"{self._base}/v2/{self.repo}/tags/list", []
         while url:
             r = self._request("GET", url, "listing tags", ok=(200, 404))
-            if r.status_code == 404:  # the repository does not exist yet
-                return []
+            if r.status_code == 404:  # the repository does not exist (yet: a push creates it)
+                if missing_ok:
+                    return []
+                raise StoreError(f"{self.url}: the registry has no repository '{self.repo}' (a push creates it)")
             try:
                 page = r.json().get("tags") or []
             except (ValueError, RecursionError, AttributeError):
@@ -386,7 +388,7 @@ class OciStore(Store):
 
     def ls(self) -> list[Entry]:
         entries = []
-        for tag in self._tags():
+        for tag in self._tags(missing_ok=False):
             got = self._get_manifest(tag)
             if got is None:  # deleted meanwhile
                 continue

@@ -370,3 +370,18 @@ def test_pull_trusts_a_stored_manifest_json_only_when_its_digest_is_the_bundles(
     with pytest.raises(StoreError, match=r"refusing v1: .*holds more than the \d{8,9} bytes"):
         s.pull("v1", tmp_path / "p3")                               # a bomb stops at that bound, not at 1 TiB
     assert not (tmp_path / "p3").exists()
+
+
+def test_a_folder_that_is_not_a_store_is_named(tmp_path):
+    """ls and pull of a folder holding other things say so (exit 2), not 'no tags' or 'no tag v1'."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's")
+    for args in (["ls", f"file://{tmp_path}/mine"], ["pull", f"file://{tmp_path}/mine:v1", str(tmp_path / "p")]):
+        r = run_cli(*args)
+        assert r.returncode == 2 and f"{tmp_path}/mine is not a DeepJIT store (no tags/ or blobs/ in it)" in r.stderr
+    r = run_cli("pull", f"file://{tmp_path}/nothing:v1", str(tmp_path / "p"))
+    assert r.returncode == 2 and "no store there" in r.stderr
+    (tmp_path / "empty").mkdir()  # an empty folder is an empty store
+    assert run_cli("ls", f"file://{tmp_path}/empty").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "mine"]  # nothing written anywhere
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]

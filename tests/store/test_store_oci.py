@@ -98,7 +98,8 @@ def test_identical_builds_push_identical_manifests(registry_server, tmp_path):
 def test_ls_lists_bundles_and_skips_foreign_artifacts(registry_server, tmp_path, monkeypatch):
     a, b = make_bundle(tmp_path / "a", 103, name="alpha"), make_bundle(tmp_path / "b", 104, name="beta")
     repo = fresh_repo(registry_server)
-    assert store.ls(repo) == []  # the repository does not exist yet
+    with pytest.raises(StoreError, match=r"the registry has no repository 't/\w+' \(a push creates it\)"):
+        store.ls(repo)  # the repository does not exist yet: as `ls` of a file store that does not
     store.push(b.path, f"{repo}:z")
     store.push(a.path, f"{repo}:a")
     # Something else in the same repository, pushed by plain oras.
