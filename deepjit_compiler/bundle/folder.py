@@ -119,6 +119,9 @@ def check_replaceable(dest: Path) -> None:
     dest = Path(dest)
     if not dest.exists() and not dest.is_symlink():
         return
+    if Path.cwd().is_relative_to(dest.resolve()):  # replacing it would pull the folder from under the shell
+        raise BundleError(f"{str(dest) or '.'}: is the current folder or holds it; refusing to replace it "
+                          "(name a folder inside it, e.g. ./bundle)")
     if dest.is_dir() and not dest.is_symlink():
         if not any(dest.iterdir()):
             return

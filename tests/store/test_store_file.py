@@ -385,3 +385,14 @@ def test_a_folder_that_is_not_a_store_is_named(tmp_path):
     assert run_cli("ls", f"file://{tmp_path}/empty").returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "mine"]  # nothing written anywhere
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("dest", [".", "", ".."])
+def test_pulling_into_the_current_folder_is_refused_naming_it(tmp_path, monkeypatch, dest):
+    """Replacing the folder a shell stands in (or one holding it) would pull it from under it."""
+    FileStore(tmp_path / "store").push(make_bundle(tmp_path / "a", 37).path, "v1")
+    (here := tmp_path / "here" / "in").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    r = run_cli("pull", f"file://{tmp_path}/store:v1", dest)
+    assert r.returncode == 2 and f"{dest or '.'}: is the current folder or holds it; refusing" in r.stderr, r.stderr
+    assert list(here.iterdir()) == [] and [p.name for p in here.parent.iterdir()] == ["in"]
