@@ -24,6 +24,7 @@ from ..errors import BundleError, KernelError, closest
 from ..graph.tensors import TensorSig
 from ..jit.contracts import Contract, DetectionOutputs, detection_outputs, load_contract
 from ..jit.nvrtc import CompiledKernel
+from ..spec.locate import describe_errors
 from ..spec.models import Data, Spec
 from ..spec.safeyaml import load_yaml, read_text
 from .checks import as_list, check_data_folder, check_external_data, check_manifest, input_profile
@@ -392,12 +393,12 @@ class BundleView:
         the validation data it names is generated or inside the bundle. `data`: a folder the user names
         (`--data`) to validate on instead: a bundle never picks this machine's files, its user may."""
         path = self.file(_field(self._section("spec"), "file", "spec"))
-        doc, _ = load_yaml(read_text(path, BundleError, "the bundle's spec"), path, BundleError)
+        doc, root = load_yaml(read_text(path, BundleError, "the bundle's spec"), path, BundleError)
         try:
             spec = Spec.model_validate(doc, context={"base": self.root})
-        except ValidationError as e:
-            raise BundleError(f"{self.source}: its spec.yaml is not a valid spec ({e.error_count()} problems: "
-                              f"{e.errors()[0]['msg']})") from None
+        except ValidationError as e:  # each problem with its line and field, as `deepjit build` says them
+            where = describe_errors(e, Path(path.name), root, Spec) if root is not None else e.errors()[0]["msg"]
+            raise BundleError(f"{self.source}: its spec.yaml is not a valid spec:\n{where}") from None
         if data is not None:
             return spec.model_copy(update={"validation": spec.validation.model_copy(
                 update={"data": Data(folder=Path(data).resolve())})})

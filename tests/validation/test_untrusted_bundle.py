@@ -150,6 +150,17 @@ def test_the_user_names_local_validation_data_with_data(t4_build, tmp_path):
     assert r.returncode == 2 and "outside the bundle" not in r.stderr and "need an NVIDIA GPU" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("change, where", [("  samples: ", "validation.samples"), ("  gate: ", "validation.gatez")])
+def test_a_broken_bundle_spec_names_its_line_and_field(t4_build, tmp_path, change, where):
+    text = (t4_build.bundle.path / "spec.yaml").read_text()
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if ln.startswith(change))
+    broken = [ln if i != line else (ln.replace(change, "  samples: -5  #") if "samples" in change
+                                    else ln.replace("gate:", "gatez:")) for i, ln in enumerate(text.splitlines(), 1)]
+    view = read_bundle(resealed(t4_build, tmp_path / "b", {"spec.yaml": "\n".join(broken).encode() + b"\n"}))
+    with pytest.raises(BundleError, match=rf"its spec.yaml is not a valid spec:\nspec.yaml:{line}:\d+: {where}"):
+        view.spec()
+
+
 def test_a_bundle_spec_may_validate_on_data_it_carries(t4_build, tmp_path):
     sample = np.random.default_rng(3).uniform(0, 1, (1, 3, 640, 640)).astype(np.float32)
     files = {"spec.yaml": _spec_with_data(t4_build, "data"), "data/a.npy": _npy(sample)}
