@@ -227,7 +227,8 @@ def safe_extract(source: bytes | Path, dest: Path, max_bytes: int | None = None)
             with fileobj, tarfile.open(fileobj=fileobj, mode="r:gz") as tar:
                 files = _extract_into(tar, root, label, max_bytes)
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-            raise BundleError(f"{label}: archive is truncated or corrupt ({e})") from None
+            raise BundleError(f"{label}: archive is truncated or corrupt ({e}); a bundle is a folder or the "
+                              ".tar.gz DeepJIT made of one") from None
         except OSError as e:
             raise cannot_write(dest, e) from None
         replace_dir(root, dest)

@@ -515,3 +515,10 @@ def test_an_archive_replaces_a_bundle_archive_and_update_keeps_a_users_file(tmp_
     info.archive.write_bytes(b"my own tarball, not a bundle")
     updated = update_bundle(info.path, {"extra.bin": b"x"}, {})  # the folder only; the user's file stays
     assert updated.archive is None and info.archive.read_bytes() == b"my own tarball, not a bundle"
+
+
+def test_a_file_that_is_no_archive_says_what_a_bundle_is(tmp_path):
+    (tmp_path / "README.md").write_text("# not a bundle\n")
+    with pytest.raises(BundleError, match=r"README.md: archive is truncated or corrupt \(.*\); a bundle is a folder "
+                                          r"or the .tar.gz DeepJIT made of one"):
+        read_bundle(tmp_path / "README.md")
