@@ -158,6 +158,9 @@ def parse_ref(ref: str, *, default_store: str | None = None) -> Ref:
         return Ref(base.store, tag, digest)
     scheme, rest = ref.split("://", 1)
     rest, digest = _split_digest(rest, ref)
+    if digest and ":" in rest.rsplit("/", 1)[-1]:  # `store:tag@digest` (read as a store `s:t`, it was `s`)
+        raise StoreError(f"reference '{ref}' names a tag and a digest: give one (the digest pins the bundle "
+                         "exactly, a tag may move)")
     if scheme == "file":
         path, tag = _split_tag(rest, ref) if not digest else (rest, None)
         if not path:

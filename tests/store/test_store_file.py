@@ -41,7 +41,7 @@ def tree(root: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("text, expected", [
     ("file:///srv/store:v1", Ref("file:///srv/store", "v1")),
     ("file:///srv/store", Ref("file:///srv/store")),
-    (f"file:///srv/st:ore@sha256:{HEX}", Ref("file:///srv/st:ore", None, f"sha256:{HEX}")),
+    (f"file:///srv/store@sha256:{HEX}", Ref("file:///srv/store", None, f"sha256:{HEX}")),
     ("oci://127.0.0.1:5000/team/yolo:v1.2-rc_3", Ref("oci://127.0.0.1:5000/team/yolo", "v1.2-rc_3")),
     ("oci://localhost/yolo", Ref("oci://localhost/yolo")),
     (f"oci://registry.example.com/a/b-c@sha256:{HEX}", Ref("oci://registry.example.com/a/b-c", None, f"sha256:{HEX}")),
@@ -70,6 +70,8 @@ def test_relative_and_bare_refs(tmp_path, monkeypatch):
     ("http://host/repo:v1", "unknown scheme 'http://'"),
     ("team/yolo:v1", "has no scheme"),
     ("oci://h:1/r@sha256:xyz", "is not a digest"),
+    (f"oci://h:1/r:v1@sha256:{HEX}", "names a tag and a digest: give one"),
+    (f"file:///srv/store:v1@sha256:{HEX}", "names a tag and a digest: give one"),
 ])
 def test_parse_ref_refuses(text, message):
     with pytest.raises(StoreError, match=message):
