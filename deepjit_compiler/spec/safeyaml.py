@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from ..files import open_regular
+
 MAX_BYTES = 1 << 20
 MAX_NODES = 100_000
 MAX_DEPTH = 64
@@ -27,7 +29,7 @@ def _where(path: Path, node: yaml.Node) -> str:
 def read_text(path: Path, error: type[Exception], what: str) -> str:
     """The file's text, refused (as `error`) past MAX_BYTES, missing or unreadable."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO is refused at once, not waited on
             data = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None

@@ -72,3 +72,32 @@ def test_an_oversized_spec_is_refused_before_parsing(tmp_path):
     path.write_text("# " + "x" * MAX_BYTES + "\n")
     with pytest.raises(SpecError, match="larger than 1024 KiB"):
         load_spec(path)
+
+
+def test_a_fifo_where_a_spec_or_contract_is_expected_is_refused_at_once(tmp_path):
+    """A plain open() of a FIFO waits for a writer forever: the build hung."""
+    import os
+    import threading
+
+    from deepjit_compiler.errors import KernelError
+    from deepjit_compiler.jit.contracts import load_contract
+
+    os.mkfifo(tmp_path / "fifo.yaml")
+    outcome = {}
+
+    def load():
+        for what, call, error in (("spec", lambda: load_spec(tmp_path / "fifo.yaml"), SpecError),
+                                  ("contract", lambda: load_contract(str(tmp_path / "fifo.yaml")), KernelError)):
+            try:
+                call()
+            except error as e:
+                outcome[what] = str(e)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    if worker.is_alive():  # let the stuck open return, then fail
+        with open(tmp_path / "fifo.yaml", "wb"):
+            pass
+        pytest.fail("reading a FIFO as a spec or contract blocked")
+    assert set(outcome) == {"spec", "contract"} and all("not a regular file" in m for m in outcome.values()), outcome
