@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..bundle.folder import read_bundle
-from ..bundle.view import InputView
+from ..bundle.view import BundleView, InputView
 from ..errors import MissingDependency, RuntimeInputError
-from ..files import atomic_write
+from ..files import atomic_write, read_regular
 from ..images import IMAGE_SUFFIXES, read_image, read_npy, read_npz
 from ..jit.contracts import image_channels
 from ..surgery.references import letterbox_numpy
@@ -237,6 +237,26 @@ def _write_json(path: Path, data: Any) -> None:
     atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
+_RUN_KEYS = {"bundle", "results", "out"}  # what every `deepjit run` output holds at its top level
+
+
+def check_out(out: Path, bundle: BundleView) -> None:
+    """`--out` may be a new file, or an earlier `deepjit run` output to replace; never a file of the
+    user's (a README, the bundle's own manifest) nor a path inside the bundle. Checked before the run."""
+    if out.resolve().is_relative_to(bundle.root.resolve()):
+        raise RuntimeInputError(f"--out {out}: inside the bundle {bundle.source}, which would no longer verify; "
+                                "write it elsewhere")
+    if not out.exists() and not out.is_symlink():
+        return
+    try:
+        doc = json.loads(read_regular(out, limit=1 << 30, follow=False))
+    except (OSError, ValueError, RecursionError):
+        doc = None
+    if not (isinstance(doc, dict) and _RUN_KEYS <= doc.keys()):
+        raise RuntimeInputError(f"--out {out}: exists and is not a `deepjit run` output; refusing to replace it "
+                                "(choose another file or remove it)")
+
+
 DEVICES = ("gpu", "cpu")
 
 
@@ -271,6 +291,8 @@ def run_bundle(bundle, inputs: Sequence[str | Path], out: Path | None = None, *,
     """`deepjit run`: every input through the pipeline (batched up to its max batch) on `device`;
     detections per image, written to `out` as JSON when given."""
     bundle = read_bundle(bundle)
+    if out is not None:
+        check_out(Path(out), bundle)
     samples = load_samples(inputs, Layout.from_bundle(bundle))
     records = []
     with load_pipeline(bundle, device, prefer=prefer, graphs=graphs, engine=engine) as pipe:

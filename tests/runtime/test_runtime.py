@@ -905,3 +905,20 @@ def test_an_absurd_manifest_shape_names_the_tensor_before_any_allocation(tmp_pat
                                           r"allocatable"):
         Pipeline.load(bundle)
     assert [gpu.allocations for gpu in fake.made] == [0]
+
+
+def test_run_out_replaces_only_an_earlier_run_output(tmp_path, t4_bundle):
+    """--out never overwrites a user's file, nor writes into the bundle; an earlier run output it replaces."""
+    x = tmp_path / "x.npy"
+    np.save(x, images(np.random.default_rng(15), 1))
+    (tmp_path / "README.md").write_text("# mine\n")
+    manifest = (t4_bundle / "manifest.json").read_bytes()
+    for out, why in ((tmp_path / "README.md", "exists and is not a `deepjit run` output"),
+                     (t4_bundle / "manifest.json", "inside the bundle"), (t4_bundle / "dets.json", "inside the bundle")):
+        with pytest.raises(RuntimeInputError, match=f"--out {out}: {why}"):
+            runbundle.run_bundle(t4_bundle, [x], out, device="cpu")
+    assert (tmp_path / "README.md").read_text() == "# mine\n" and (t4_bundle / "manifest.json").read_bytes() == manifest
+    assert not (t4_bundle / "dets.json").exists()
+    first = runbundle.run_bundle(t4_bundle, [x], tmp_path / "dets.json", device="cpu")
+    again = runbundle.run_bundle(t4_bundle, [x], tmp_path / "dets.json", device="cpu")  # its own output: replaced
+    assert json.loads((tmp_path / "dets.json").read_text())["results"] == again["results"] == first["results"]
