@@ -9,6 +9,9 @@ import platformdirs
 
 from .errors import ConfigError
 
+MAX_DEVICE_BYTES = 1 << 40  # 1 TiB, more than any GPU holds: a larger buffer is a typo or a broken manifest
+INT32_MAX = 2**31 - 1       # TensorRT's and Triton's dims
+
 
 def cache_dir() -> Path:
     """Compile cache root: $DEEPJIT_CACHE_DIR, else the user cache dir (the spec may override)."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import PurePosixPath
 
 from ..errors import KernelError
+from ..spec.models import FILE_OPTIONS
 from .render import KernelSource
 
 # What could make NVRTC open a file: '#', spaces or comments, then `include`/`import` (or a UCN that might
@@ -19,11 +20,7 @@ from .render import KernelSource
 _DIRECTIVE = re.compile(r"#(?:\s|/\*.*?\*/)*(?:include|import|\\[uU])|__has_include", re.DOTALL)
 _PLAIN_INCLUDE = re.compile(r'[ \t]*#[ \t]*include[ \t]*("[^"\n]*"|<[^>\n]*>)[ \t]*(?://[^\n]*)?')
 _SPLICE = re.compile(r"\\[ \t]*\n")
-# Options that add to the include path or read or write other files (precompiled headers, dependency
-# lists, timing and trace files): headers come from the contract only, and a compile writes nothing.
-_FILE_OPTIONS = ("-I", "--include-path", "-include", "--pre-include", "--use-bundled-headers", "-pch", "--pch",
-                 "--create-pch", "--use-pch", "-M", "--dependency", "--generate-dependencies", "--time",
-                 "--fdevice-time-trace")
+
 
 
 def _preprocessor_view(text: str) -> tuple[str, list[int]]:
@@ -81,7 +78,7 @@ def check_options(extra: Sequence[str], source: KernelSource, contract_path: str
     """The spec's extra options may not widen what NVRTC reads (check_includes assumes CUDA's path only)
     nor make it write files."""
     for opt in extra:
-        if opt.strip().startswith(_FILE_OPTIONS):
+        if opt.strip().startswith(FILE_OPTIONS):
             raise KernelError(f"{contract_path or source.contract}: compile option {opt!r} is not allowed: kernel "
                               "headers come from the contract's `headers:` and CUDA's include path only, and a "
                               "compile writes no files")

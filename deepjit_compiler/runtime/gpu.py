@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from .._optional import lazy_import
+from ..config import MAX_DEVICE_BYTES
 from ..errors import BundleError, KernelError, MissingDependency
 
 log = logging.getLogger("deepjit.gpu")
-MAX_DEVICE_BYTES = 1 << 40  # 1 TiB, more than any GPU holds: a larger buffer comes from a broken manifest
 driver = lazy_import("cuda.bindings.driver", "running kernels needs cuda-bindings and an NVIDIA driver")
 _core = lazy_import("cuda.core", "running kernels needs cuda-core")
 _core_experimental = lazy_import("cuda.core.experimental", "running kernels needs cuda-core")

@@ -3,10 +3,12 @@
 Relative paths resolve against the spec file's folder (the `base` of the validation context)."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
+import numpy as np
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -17,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..config import INT32_MAX, MAX_DEVICE_BYTES
 from .targets import PRECISION_MIN_SM, TENSORRT_RTX_SM, compute_capability, sm_for_gpu
 
 LEVELS = ("graph", "precision", "kernels", "end_to_end", "engine")
@@ -106,7 +109,7 @@ class InputSpec(_Model):
     shape: list[Union[int, str]] = Field(description="dims; strings are symbolic (e.g. batch)")
     dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
     profile: Profile | None = None
-    buckets: list[int] | None = Field(None, description="batch sizes to capture CUDA graphs for")
+    buckets: list[int] | None = Field(None, min_length=1, description="batch sizes to capture CUDA graphs for")
 
     @model_validator(mode="after")
     def _check_profile(self) -> "InputSpec":
@@ -121,10 +124,15 @@ class InputSpec(_Model):
                 raise ValueError(f"profile.{key} has {len(getattr(p, key))} dims, shape has {rank}")
         for i, dim in enumerate(self.shape):
             lo, mid, hi = p.min[i], p.opt[i], p.max[i]
-            if not (1 <= lo <= mid <= hi):
-                raise ValueError(f"profile dim {i}: need 1 <= min <= opt <= max, got {lo}, {mid}, {hi}")
+            if not (1 <= lo <= mid <= hi <= INT32_MAX):
+                raise ValueError(f"profile dim {i}: need 1 <= min <= opt <= max <= {INT32_MAX} (TensorRT's dims are "
+                                 f"int32), got {lo}, {mid}, {hi}")
             if isinstance(dim, int) and not (lo == mid == hi == dim):
                 raise ValueError(f"profile dim {i}: shape fixes it to {dim}, profile gives {lo}/{mid}/{hi}")
+        nbytes = math.prod(p.max) * np.dtype(self.dtype if self.dtype != "bfloat16" else "float16").itemsize
+        if nbytes > MAX_DEVICE_BYTES:
+            raise ValueError(f"profile.max {p.max} of {self.dtype} is {nbytes} bytes a batch; at most "
+                             f"{MAX_DEVICE_BYTES} (1 TiB, more than any GPU holds)")
         if self.buckets is not None:
             bad = [b for b in self.buckets if not p.min[0] <= b <= p.max[0]]
             if bad:
@@ -231,10 +239,32 @@ class Cut(_Model):
         return self
 
 
+# NVRTC options a spec may not pass. Those that add to the include path or read or write other files
+# (precompiled headers, dependency lists, timing and trace files): headers come from the contract only,
+# and a compile writes nothing (jit/includes.py checks them again at compile time). And those that pick
+# the architecture: the target's SM does, and the binaries are named and recorded by it.
+FILE_OPTIONS = ("-I", "--include-path", "-include", "--pre-include", "--use-bundled-headers", "-pch", "--pch",
+                "--create-pch", "--use-pch", "-M", "--dependency", "--generate-dependencies", "--time",
+                "--fdevice-time-trace")
+TARGET_OPTIONS = ("-arch", "--gpu-architecture")
+
+
 class Compile(_Model):
     """NVRTC options for the replacement kernels."""
 
     options: list[str] = Field(default_factory=list)
+
+    @field_validator("options")
+    @classmethod
+    def _allowed(cls, options: list[str]) -> list[str]:
+        for opt in options:
+            if opt.strip().startswith(FILE_OPTIONS):
+                raise ValueError(f"{opt!r}: options that read or write files are not allowed (kernel headers come "
+                                 "from the contract's `headers:`, and a compile writes nothing)")
+            if opt.strip().startswith(TARGET_OPTIONS):
+                raise ValueError(f"{opt!r}: the architecture comes from `target` (gpu or sm), which also names "
+                                 "the binaries; set it there")
+        return options
     fast_math: bool = False
     debug: bool = False
     cache_dir: SpecPath | None = None
@@ -248,6 +278,14 @@ class Tolerance(_Model):
 
 class RandomData(_Model):
     ranges: dict[str, tuple[float, float]] = Field(default_factory=dict, description="per input [low, high]")
+
+    @field_validator("ranges")
+    @classmethod
+    def _finite_and_ordered(cls, ranges: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for name, (low, high) in ranges.items():
+            if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                raise ValueError(f"{name}: [{low}, {high}]: a range is [low, high], both finite numbers, low < high")
+        return ranges
 
 
 class Data(_Model):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from deepjit_compiler.config import MAX_DEVICE_BYTES
 from deepjit_compiler.errors import BundleError
-from deepjit_compiler.runtime.gpu import MAX_DEVICE_BYTES, Gpu, device_nbytes
+from deepjit_compiler.runtime.gpu import Gpu, device_nbytes
 
 
 def test_sizes_that_fit_are_their_bytes_and_an_empty_tensor_gets_one():

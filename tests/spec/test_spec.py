@@ -185,3 +185,28 @@ def test_a_name_that_cannot_be_a_file_name_is_refused(write_spec, name):
 
 def test_a_name_of_200_characters_loads(write_spec):
     assert load_spec(write_spec({"name: yolov8s_t4": f"name: {'b' * 200}"})).spec.name == "b" * 200
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("max: [8, 3, 640, 640]", "max: [2147483648, 3, 640, 640]", "need 1 <= min <= opt <= max <= 2147483647"),
+    ("max: [8, 3, 640, 640]", "max: [100000000, 3, 640, 640]",
+     "profile.max [100000000, 3, 640, 640] of float32 is 491520000000000 bytes a batch; at most 1099511627776"),
+    ("buckets: [1, 2, 4, 8] ", "buckets: [] ", "inputs.images.buckets"),
+    ("ranges: {images: [0.0, 1.0]}", "ranges: {images: [1.0, 0.0]}", "images: [1.0, 0.0]: a range is [low, high]"),
+    ("ranges: {images: [0.0, 1.0]}", "ranges: {images: [.nan, 1.0]}", "a range is [low, high], both finite"),
+    ("ranges: {images: [0.0, 1.0]}", "ranges: {images: [0.0, .inf]}", "a range is [low, high], both finite"),
+])
+def test_shapes_and_ranges_that_no_build_could_use_are_refused(write_spec, old, new, message):
+    """They built (exit 0) and failed later: a 1 PB batch on the CPU, an empty bucket list, an inverted
+    range (exit 3 in numpy)."""
+    assert message in _error(write_spec, {old: new})
+
+
+@pytest.mark.parametrize("option, message", [
+    ("--gpu-architecture=sm_90", "the architecture comes from `target`"), ("-arch=compute_90", "from `target`"),
+    ("-I/etc", "options that read or write files are not allowed"),
+])
+def test_compile_options_that_pick_the_target_or_read_files_name_compile_options(write_spec, option, message):
+    """An sm_90 cubin named and recorded as the T4's sm_75 built with exit 0 before."""
+    msg = _error(write_spec, {"  fast_math: false ": f"  options: ['{option}']\n  fast_math: false "})
+    assert "compile.options" in msg and message in msg, msg
