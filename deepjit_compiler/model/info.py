@@ -111,6 +111,11 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     # Protobuf parses some non-ONNX bytes (an empty file, for one) as an empty message.
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise ModelError(f"{path}: not an ONNX model (no ir_version or graph in the file)")
+    newest = onnx.defs.onnx_opset_version()
+    too_new = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx") and o.version > newest]
+    if too_new:  # ONNX Runtime would refuse it deep inside a stage
+        raise ModelError(f"{path}: opset {too_new[0]} is newer than this onnx knows (up to {newest}); export the "
+                         f"model with opset {newest} or lower")
     log.debug("loaded %s (%d nodes)", path, len(model.graph.node))
     return model
 

@@ -142,3 +142,18 @@ def test_describe_synthetic_yolov8n(tmp_path):
     assert 3_151_904 + 8400 * 3 <= info.parameter_count < 3_151_904 + 8400 * 3 + 1000
     assert dict(info.metadata)["deepjit.synthetic"] == "yolov8n"
     print(info.to_text())
+
+
+def test_an_opset_newer_than_onnx_knows_is_named(tmp_path):
+    """ONNX Runtime refused it inside a stage (exit 3); the model's own load says so (exit 2)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 99)])
+    model.ir_version = 8
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    newest = onnx.defs.onnx_opset_version()
+    with pytest.raises(ModelError, match=rf"m\.onnx: opset 99 is newer than this onnx knows \(up to {newest}\)"):
+        load_model(tmp_path / "m.onnx")
