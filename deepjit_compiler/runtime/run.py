@@ -130,6 +130,8 @@ def _is_image_array(arr: np.ndarray, inp: InputView, gpu_letterbox: bool) -> boo
 def _rows(name: str, arr: np.ndarray, inp: InputView, source: str) -> np.ndarray:
     if arr.ndim == len(inp.shape) - 1:
         return arr[None]
+    if arr.ndim == len(inp.shape) and len(arr) == 0:  # nothing to run: a mistake, not an empty result
+        raise RuntimeInputError(f"{source}: array for input '{name}' has no rows (shape {arr.shape})")
     if arr.ndim == len(inp.shape):
         return arr
     raise RuntimeInputError(f"{source}: array for input '{name}' has shape {arr.shape}; expected "

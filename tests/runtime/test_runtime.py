@@ -922,3 +922,9 @@ def test_run_out_replaces_only_an_earlier_run_output(tmp_path, t4_bundle):
     first = runbundle.run_bundle(t4_bundle, [x], tmp_path / "dets.json", device="cpu")
     again = runbundle.run_bundle(t4_bundle, [x], tmp_path / "dets.json", device="cpu")  # its own output: replaced
     assert json.loads((tmp_path / "dets.json").read_text())["results"] == again["results"] == first["results"]
+
+
+def test_an_array_with_no_rows_is_refused(tmp_path, t4_layout):
+    np.save(tmp_path / "empty.npy", np.zeros((0, 3, 640, 640), np.float32))
+    with pytest.raises(RuntimeInputError, match=r"empty.npy: array for input 'images' has no rows \(shape \(0, 3, 640"):
+        runbundle.load_samples([tmp_path / "empty.npy"], t4_layout)
