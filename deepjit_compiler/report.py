@@ -118,7 +118,7 @@ class Inspection:
 
 def inspect_target(target: Path, *, suggest_cuts: bool = False) -> Inspection:
     """A bundle (folder with manifest.json, or .tar.gz) or an ONNX model."""
-    if (target / "manifest.json").exists() or target.name.endswith(".tar.gz"):
+    if target.is_dir() or target.name.endswith(".tar.gz"):  # a folder can only be a bundle
         data = describe(read_bundle(target))
         return Inspection(data, _render_bundle(data))
 
