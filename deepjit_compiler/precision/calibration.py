@@ -282,7 +282,11 @@ def cache_key(model: onnx.ModelProto, data_digest: str, settings: CalibrationSet
 def cache_file(model: onnx.ModelProto, reader: CalibrationReader, settings: CalibrationSettings) -> tuple[Path, bool]:
     """(the cache entry for this model and data, whether it holds usable ranges). A broken entry is
     deleted, so ONNX Runtime recalibrates and rewrites it."""
-    path = Path(settings.cache) / f"{cache_key(model, reader.digest, settings)}.json"
+    folder = Path(settings.cache)
+    if folder.exists() and not folder.is_dir():
+        raise SpecError(f"engine.calibration.cache: {folder} exists and is not a folder; the cache is a folder of "
+                        "calibration caches")
+    path = folder / f"{cache_key(model, reader.digest, settings)}.json"
     if path.exists() and not path.is_file():
         raise SpecError(f"engine.calibration.cache: {path} is not a file")
     if not path.is_file():

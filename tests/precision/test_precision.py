@@ -426,3 +426,16 @@ def test_a_calibration_file_that_is_no_array_is_exit_2_naming_it(tmp_path, name,
     with pytest.raises(DeepJITError, match=rf"{name}: cannot read it as a \.np[yz]") as e:
         reader.get_next()
     assert e.value.exit_code == 2
+
+
+def test_a_calibration_cache_that_is_a_file_is_named(tmp_path):
+    """ONNX Runtime's quantization failed on it with FileExistsError (exit 3)."""
+    import dataclasses
+
+    from deepjit_compiler.errors import SpecError
+
+    (tmp_path / "notes.txt").write_text("a user's")
+    settings = dataclasses.replace(random_calibration(tmp_path), cache=tmp_path / "notes.txt")
+    with pytest.raises(SpecError, match=r"engine.calibration.cache: .*notes.txt exists and is not a folder"):
+        apply_precision(conv_softmax_model(), "int8", calibration=settings)
+    assert (tmp_path / "notes.txt").read_text() == "a user's"
