@@ -175,4 +175,13 @@ def feeds_for(spec, sigs: Sequence[TensorSig]) -> Feeds:
         inputs[sig.name] = (sig.dtype, concrete_shape(sig.shape, _batch(spec, sig.name),
                                                       inp.opt_shape if inp else None, name=sig.name))
     owner = next((spec.inputs[s.name] for s in sigs if s.name in spec.inputs), next(iter(spec.inputs.values())))
-    return validation_feeds(spec.validation, inputs, owner.batch_buckets)
+    feeds = validation_feeds(spec.validation, inputs, owner.batch_buckets)
+    for k, feed in enumerate(feeds):  # a folder's arrays must fit the profile (a model would fail on them deep inside)
+        for name, array in feed.items():
+            inp = spec.inputs.get(name)
+            if inp is not None and not (array.ndim == len(inp.min_shape) and all(
+                    lo <= d <= hi for d, lo, hi in zip(array.shape, inp.min_shape, inp.max_shape))):
+                where = feeds.labels[k][0].rsplit(" row ", 1)[0] if feeds.labels else f"batch {k}"
+                raise SpecError(f"validation.data.folder: {where} gives input '{name}' shape {list(array.shape)}; its "
+                                f"profile allows {list(inp.min_shape)} to {list(inp.max_shape)}")
+    return feeds

@@ -144,3 +144,17 @@ def test_feeds_for_batch_a_folder_by_the_spec_inputs_buckets(write_spec, tmp_pat
     assert [f["images"].shape[0] for f in feeds] == [1, 2, 4, 2]
     assert all(f["images"].shape[1:] == (3, 640, 640) for f in feeds)
     assert sum(len(rows) for rows in row_labels(feeds)) == 9
+
+
+def test_a_folder_array_outside_the_profile_names_the_file_and_the_profile(write_spec, tmp_path):
+    """A 320 x 320 batch for the fixed 640 model failed inside ONNX Runtime (exit 3)."""
+    from deepjit_compiler.errors import SpecError
+    from deepjit_compiler.graph.tensors import TensorSig
+    from deepjit_compiler.spec.load import load_spec
+
+    (tmp_path / "data").mkdir()
+    np.save(tmp_path / "data" / "images_0.npy", np.random.default_rng(4).random((2, 3, 320, 320), dtype=np.float32))
+    spec = load_spec(write_spec({"    random:\n      ranges: {images: [0.0, 1.0]}": "    folder: data"})).spec
+    with pytest.raises(SpecError, match=r"validation.data.folder: images_0.npy gives input 'images' shape \[2, 3, 320, "
+                                        r"320\]; its profile allows \[1, 3, 640, 640\] to \[8, 3, 640, 640\]"):
+        feeds_for(spec, [TensorSig("images", "float32", ("batch", 3, 640, 640))])
