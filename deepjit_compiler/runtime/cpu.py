@@ -35,7 +35,9 @@ class CpuPipeline(LayoutFacts):
     def load(cls, bundle: Path | str | BundleView, **_: Any) -> CpuPipeline:
         """Load a bundle (folder, .tar.gz or read BundleView); GPU options (prefer, graphs) do not apply."""
         bundle = read_bundle(bundle)
-        return cls(bundle, Layout.from_bundle(bundle))
+        layout = Layout.from_bundle(bundle)
+        layout.schedule(False)  # the plan's wiring, checked as the GPU pipeline checks it (not a KeyError mid-run)
+        return cls(bundle, layout)
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run on `feeds` (checked against the profile like the GPU pipeline's): outputs in plan order."""

@@ -237,6 +237,8 @@ class Layout:
     def schedule(self, engines_on_device: bool) -> Schedule:
         """Group the steps into phases and plan the copies between them; BundleError when a step
         reads a tensor no earlier step (or input) makes, or two steps make the same tensor."""
+        if not self.steps or not self.outputs:
+            raise BundleError(f"manifest: plan.{'steps' if not self.steps else 'outputs'} is empty: nothing to run")
         groups: list[tuple[str, list[StepInfo]]] = []
         for s in self.steps:
             where = "device" if s.kind != "segment" or engines_on_device else "host"

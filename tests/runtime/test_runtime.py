@@ -325,6 +325,11 @@ def test_broken_plans_are_bundle_errors(t4_bundle):
     extra["plan"]["outputs"].append({"name": "output0", "dtype": "float32", "shape": ["batch", 84, HEADS]})
     with pytest.raises(BundleError, match="pipeline output 'output0' is made by no step"):
         Layout.from_manifest(extra).schedule(False)
+    for key in ("steps", "outputs"):
+        empty = copy.deepcopy(m)
+        empty["plan"][key] = []
+        with pytest.raises(BundleError, match=f"plan.{key} is empty: nothing to run"):
+            Layout.from_manifest(empty).schedule(False)
     user = copy.deepcopy(m)
     user["plan"]["steps"][2]["kernels"][0]["contract"] = "my_nms"
     with pytest.raises(BundleError, match="contract 'my_nms' cannot be loaded.*carries no copy of it"):
@@ -928,3 +933,13 @@ def test_an_array_with_no_rows_is_refused(tmp_path, t4_layout):
     np.save(tmp_path / "empty.npy", np.zeros((0, 3, 640, 640), np.float32))
     with pytest.raises(RuntimeInputError, match=r"empty.npy: array for input 'images' has no rows \(shape \(0, 3, 640"):
         runbundle.load_samples([tmp_path / "empty.npy"], t4_layout)
+
+
+def test_the_cpu_pipeline_checks_the_plans_wiring_at_load(t4_bundle, tmp_path):
+    """A resealed manifest with its steps swapped ran into a KeyError mid-run on the CPU (exit 3)."""
+    bundle = shutil.copytree(t4_bundle, tmp_path / "swapped")
+    plan = json.loads((bundle / "manifest.json").read_text())["plan"]
+    plan["steps"][1], plan["steps"][2] = plan["steps"][2], plan["steps"][1]
+    update_bundle(bundle, {}, {"plan": plan})
+    with pytest.raises(BundleError, match="step 'nms' reads 'cand_count', which no input or earlier step makes"):
+        runbundle.load_pipeline(bundle, "cpu")
