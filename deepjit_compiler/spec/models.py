@@ -265,6 +265,13 @@ class Compile(_Model):
                 raise ValueError(f"{opt!r}: the architecture comes from `target` (gpu or sm), which also names "
                                  "the binaries; set it there")
         return options
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _a_folder(cls, folder: Path | None) -> Path | None:
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise ValueError(f"{folder} exists and is not a folder (the compile cache is a folder)")
+        return folder
     fast_math: bool = False
     debug: bool = False
     cache_dir: SpecPath | None = None

@@ -134,8 +134,9 @@ def folder_feeds(folder: Path, inputs: Mapping[str, tuple[str, tuple[int, ...]]]
     per_input = {name: sorted(folder.glob(f"{name}_*.npy")) for name in inputs}
     counts = {name: len(files) for name, files in per_input.items()}
     if not all(counts.values()) or len(set(counts.values())) != 1:
-        raise SpecError(f"validation.data.folder: {folder} needs the same number (>= 1) of <input>_<k>.npy files "
-                        f"for every input, found {counts}")
+        raise SpecError(f"validation.data.folder: {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}, "
+                        f"in the folder itself) and not the same number (>= 1) of <input>_<k>.npy files for every "
+                        f"input: found {counts}")
     feeds, labels = [], []
     for k in range(next(iter(counts.values()))):
         feed = {}

@@ -210,3 +210,10 @@ def test_compile_options_that_pick_the_target_or_read_files_name_compile_options
     """An sm_90 cubin named and recorded as the T4's sm_75 built with exit 0 before."""
     msg = _error(write_spec, {"  fast_math: false ": f"  options: ['{option}']\n  fast_math: false "})
     assert "compile.options" in msg and message in msg, msg
+
+
+def test_a_compile_cache_dir_that_is_a_file_is_named(write_spec, tmp_path):
+    """It built with exit 0, every kernel warning of a 'corrupt cache entry' under the file's name."""
+    (tmp_path / "README.md").write_text("# mine\n")
+    msg = _error(write_spec, {"  fast_math: false ": "  cache_dir: README.md\n  fast_math: false "})
+    assert "compile.cache_dir" in msg and "README.md exists and is not a folder" in msg, msg

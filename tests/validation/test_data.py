@@ -43,7 +43,8 @@ def test_folder_feeds_load_npy_samples_in_order_and_check_dtype(tmp_path):
     np.save(tmp_path / "images_2.npy", arrays[0].astype(np.float64))
     with pytest.raises(SpecError, match="images_2.npy: expected float32"):
         folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
-    with pytest.raises(SpecError, match="<input>_<k>.npy"):
+    with pytest.raises(SpecError, match=r"holds no images \(.*\.png.*\) and not the same number \(>= 1\) of "
+                                        r"<input>_<k>.npy files for every input: found \{'other': 0\}"):
         folder_feeds(tmp_path, {"other": ("float32", (1,))})
 
 
