@@ -76,8 +76,9 @@ def working(as_json: bool = False) -> Iterator[None]:
             if as_json:
                 _emit_json(_error_document(e))
             raise
-        too_long = OutputError(f"{e.filename or 'a path'}: a name in this path is longer than the file system allows (255 "
-                               "bytes a name on most)")  # a path the user gave: bad input, not a bug
+        # a path the user gave: bad input, not a bug
+        too_long = OutputError(f"{e.filename or 'a path'}: a name in this path is longer than the file system "
+                               "allows (255 bytes a name on most)")
         if as_json:
             _emit_json(_error_document(too_long))
         raise too_long from None

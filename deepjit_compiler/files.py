@@ -4,8 +4,9 @@ Every file DeepJIT writes goes through a temporary name in the same folder and `
 interrupted process never leaves a half-written file under the real name. One writer at a time per
 output path (`output_lock`), and under that lock what an interrupted writer left behind is removed,
 but only what DeepJIT provably made (`_ours`: its name, tempfile's random suffix, this user's, and
-DeepJIT's mark inside a folder or mkstemp's 0600 on a file): a user's `.NAME.old-2023` stays. A write the file system refuses (disk
-full, read-only) is an OutputError naming the path (exit 2), never a traceback. Files DeepJIT reads
+DeepJIT's mark inside a folder or mkstemp's 0600 on a file): a user's `.NAME.old-2023` stays. A
+write the file system refuses (disk full, read-only) is an OutputError naming the path (exit 2),
+never a traceback. Files DeepJIT reads
 but did not write (a cache entry, a store's tag, an input array) are opened as regular files only.
 """
 from __future__ import annotations
@@ -212,7 +213,8 @@ def remove_old_temporaries(folder: Path, min_age_s: float = 600.0) -> None:
     now = time.time()
     for stale in folder.glob(".*.tmp-*"):
         try:
-            if _ours(stale, stale.name[:stale.name.rindex(".tmp-") + 5]) and now - stale.stat().st_mtime > min_age_s:
+            prefix = stale.name[:stale.name.rindex(".tmp-") + len(".tmp-")]
+            if _ours(stale, prefix) and stale.is_file() and now - stale.stat().st_mtime > min_age_s:
                 stale.unlink()
                 log.info("removed %s, left by an interrupted write", stale)
         except OSError:
