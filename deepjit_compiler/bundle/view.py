@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from ..engines.flavours import flavour_of_plan
 from ..errors import BundleError, KernelError, closest
 from ..graph.tensors import TensorSig
-from ..jit.contracts import Contract, DetectionOutputs, detection_outputs, load_contract
+from ..jit.contracts import Contract, DetectionOutputs, detection_outputs, is_contract_path, load_contract
 from ..jit.nvrtc import CompiledKernel
 from ..spec.locate import describe_errors
 from ..spec.models import Data, Spec
@@ -341,7 +341,7 @@ class BundleView:
         if bundled:
             return str(self.file(bundled))
         ref = kernel.contract
-        if ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref:  # what load_contract takes for a path
+        if is_contract_path(ref):
             if ref not in self.files:
                 raise BundleError(f"manifest: '{ref}' is a path, not one of the bundle's files; a bundle's "
                                   "contract loads only from its own files or by a built-in name")

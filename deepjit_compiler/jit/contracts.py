@@ -71,11 +71,15 @@ def contract_file(name: str, folders: list[Path], what: str, owner: Path) -> Pat
     raise KernelError(f"{owner}: {what} '{name}' not found in {', '.join(str(f) for f in folders)}")
 
 
+def is_contract_path(ref: str) -> bool:
+    """Whether load_contract reads `ref` as a path to a user's YAML (else it is a built-in's name)."""
+    return ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref
+
+
 def load_contract(ref: str, *, spec_dir: Path | None = None) -> Contract:
     """A contract by name (kernels/<name>.yaml) or by path (relative to spec_dir) to a user's YAML."""
     builtin = data_dir("kernels")
-    looks_like_path = ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref
-    if looks_like_path:
+    if is_contract_path(ref):
         path = Path(ref) if Path(ref).is_absolute() or spec_dir is None else Path(spec_dir) / ref
     else:
         path = builtin / f"{ref}.yaml"
