@@ -213,15 +213,25 @@ def _mapped_log(source: KernelSource, text: str) -> str:
     return "\n".join(out)
 
 
+def _check_reads(source: KernelSource, options: CompileOptions, contract_path: str) -> None:
+    """What NVRTC would read besides the source: only declared headers, CUDA's own, no file options."""
+    check_includes(source, contract_path)
+    check_options(options.extra, source, contract_path)
+
+
 def compile_source(source: KernelSource, sm: int, options: CompileOptions = CompileOptions(), *,
                    contract_path: str = "") -> CompiledKernel:
     """Run NVRTC (no cache): cubin for sm_XX and its compute_XX PTX, mangled names kept."""
+    _check_reads(source, options, contract_path)
+    return _nvrtc(source, sm, options, contract_path)
+
+
+def _nvrtc(source: KernelSource, sm: int, options: CompileOptions, contract_path: str) -> CompiledKernel:
+    """compile_source's NVRTC run, on a source and options already checked (_check_reads)."""
     if sm not in supported_sms():
         major, minor = nvrtc_version()
         raise KernelError(f"NVRTC {major}.{minor} cannot target sm_{sm}; supported: "
                           f"{', '.join(f'sm_{s}' for s in supported_sms())}")
-    check_includes(source, contract_path)
-    check_options(options.extra, source, contract_path)
     include, _ = cuda_headers()
     flags = options.flags(sm) + include
     prog = _check(nvrtc.nvrtcCreateProgram(source.code.encode(), source.filename.encode(), len(source.headers),
@@ -275,8 +285,7 @@ def cache_key(source: KernelSource, sm: int, options: CompileOptions) -> str:
 def compile_cached(source: KernelSource, sm: int, options: CompileOptions = CompileOptions(), *,
                    cache: KernelCache | None = None, contract_path: str = "") -> CompiledKernel:
     """compile_source through the on-disk cache: a hit runs no NVRTC."""
-    check_includes(source, contract_path)  # also before a lookup: a hit must not serve what a compile refuses
-    check_options(options.extra, source, contract_path)
+    _check_reads(source, options, contract_path)  # before the lookup: a hit must not serve what a compile refuses
     cache = cache or KernelCache()
     key = cache_key(source, sm, options)
     entry = cache.get(key)
@@ -289,7 +298,7 @@ def compile_cached(source: KernelSource, sm: int, options: CompileOptions = Comp
                                           log=meta.get("log", ""), from_cache=True)
     else:
         bound = config.kernel_cache_max_bytes()  # a bad setting fails before NVRTC runs
-        built = dataclasses.replace(compile_source(source, sm, options, contract_path=contract_path), key=key)
+        built = dataclasses.replace(_nvrtc(source, sm, options, contract_path), key=key)
         cache.put(key, {"cubin": built.cubin, "ptx": built.ptx.encode()},
                   {**built.to_dict(), "log": built.log, "deepjit": __version__})
         cache.prune(bound, keep=key)  # only after a compile: a hit adds nothing
