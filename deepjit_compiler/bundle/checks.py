@@ -27,6 +27,7 @@ from pydantic import (
     ValidationError,
 )
 
+from ..config import INT32_MAX  # TensorRT's and Triton's dims are int32
 from ..errors import BundleError
 from ..graph.tensors import TensorSig
 from ..spec.models import NAME, NAME_RULE
@@ -37,7 +38,6 @@ PLAIN_NAME = NAME
 # What graph.tensors.np_dtype_name can write for an ONNX tensor type, less 'object' (strings).
 TENSOR_DTYPES = tuple(sorted({np.dtype(helper.tensor_dtype_to_np_dtype(t)).name
                               for t in helper.get_all_tensor_dtypes()} - {"object"}))
-INT32_MAX = 2**31 - 1  # TensorRT's and Triton's dims are int32
 
 
 def as_list(value: Any) -> Any:

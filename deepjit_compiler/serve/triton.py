@@ -34,6 +34,7 @@ from .. import __version__
 from .._optional import lazy_import
 from ..bundle.folder import MANIFEST, read_bundle, verify_folder
 from ..bundle.view import BundleView
+from ..config import INT32_MAX
 from ..errors import BundleError, ServeError
 from ..files import cannot_write, output_lock, replace_dir, staging_dir
 from ..runtime.layout import Layout
@@ -52,7 +53,7 @@ KINDS = ("gpu", "cpu")
 MARKER = "deepjit-export.json"
 MARKER_FORMAT = 1
 _NAME = re.compile(NAME)  # the spec's `name` pattern, so every built bundle fits it
-INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1       # ModelConfig's max_batch_size (and batch sizes) and dims
+INT64_MAX = 2**63 - 1  # ModelConfig's dims (its max_batch_size and batch sizes are int32: INT32_MAX)
 # numpy dtype -> Triton's (the Python backend hands the model numpy arrays, so bfloat16 cannot pass)
 TRITON_DTYPES = {"bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
                  "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32",

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..config import INT32_MAX  # the kernels take counts and sizes as int32
 from ..errors import SurgeryError
 from ..graph.serialize import min_ir_version
 
@@ -51,9 +52,6 @@ class _Graph:
         model.ir_version = min_ir_version(model)  # make_model stamps the newest, which ORT may reject
         onnx.checker.check_model(model)
         return model
-
-
-INT32_MAX = 2**31 - 1  # the kernels take counts and sizes as int32
 
 
 def _number(value: Any) -> bool:
