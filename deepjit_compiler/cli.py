@@ -71,21 +71,21 @@ def working(as_json: bool = False) -> Iterator[None]:
             yield
     except (click.exceptions.Exit, click.exceptions.Abort):
         raise
-    except OSError as e:
-        if e.errno != errno.ENAMETOOLONG:
-            if as_json:
-                _emit_json(_error_document(e))
-            raise
-        # a path the user gave: bad input, not a bug
-        too_long = OutputError(f"{e.filename or 'a path'}: a name in this path is longer than the file system "
-                               "allows (255 bytes a name on most)")
-        if as_json:
-            _emit_json(_error_document(too_long))
-        raise too_long from None
     except Exception as e:
+        error = _user_error(e) or e
         if as_json:
-            _emit_json(_error_document(e))
-        raise
+            _emit_json(_error_document(error))
+        if error is e:
+            raise
+        raise error from None
+
+
+def _user_error(e: Exception) -> DeepJITError | None:
+    """An OSError that is bad input rather than a bug: a name in a path the user gave is too long."""
+    if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
+        return OutputError(f"{e.filename or 'a path'}: a name in this path is longer than the file system "
+                           "allows (255 bytes a name on most)")
+    return None
 
 
 def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> None:

@@ -22,7 +22,6 @@ _PLAIN_INCLUDE = re.compile(r'[ \t]*#[ \t]*include[ \t]*("[^"\n]*"|<[^>\n]*>)[ \
 _SPLICE = re.compile(r"\\[ \t]*\n")
 
 
-
 def _preprocessor_view(text: str) -> tuple[str, list[int]]:
     """`text` as the preprocessor finds directives in it (lines spliced, '??/', '??=' and '%:' spelled
     plainly), and where each splice was, to count lines. Replacements after the split keep lengths."""

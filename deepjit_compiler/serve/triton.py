@@ -107,8 +107,7 @@ def _check_bundle_name(bundle: BundleView) -> None:
     a name the spec allows (every built bundle's is), even where --name replaces it."""
     if bundle.name and not _NAME.fullmatch(bundle.name):
         raise ServeError(f"{bundle.source}: manifest.json field 'name' is '{shown(bundle.name)}': a bundle name "
-                         f"is {NAME_RULE}; this bundle was not made "
-                         "by `deepjit build`")
+                         f"is {NAME_RULE}; this bundle was not made by `deepjit build`")
 
 
 # ----------------------------------------------------------------------------- options

@@ -55,6 +55,7 @@ def _bytes(value: Any) -> int:
 NAME = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$"
 NAME_RULE = "1 to 200 letters, digits, '_', '.' and '-', not starting with '.' or '-'"
 
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -253,6 +254,9 @@ class Compile(_Model):
     """NVRTC options for the replacement kernels."""
 
     options: list[str] = Field(default_factory=list)
+    fast_math: bool = False
+    debug: bool = False
+    cache_dir: SpecPath | None = None
 
     @field_validator("options")
     @classmethod
@@ -272,9 +276,6 @@ class Compile(_Model):
         if folder is not None and folder.exists() and not folder.is_dir():
             raise ValueError(f"{folder} exists and is not a folder (the compile cache is a folder)")
         return folder
-    fast_math: bool = False
-    debug: bool = False
-    cache_dir: SpecPath | None = None
 
 
 class Tolerance(_Model):
