@@ -112,6 +112,13 @@ def _refuse_own_fields(fields: Mapping[str, Any]) -> None:
         raise BundleError(f"manifest fields {own} are written by DeepJIT itself; leave them out")
 
 
+def _holds_cwd(dest: Path) -> bool:
+    try:
+        return Path.cwd().is_relative_to(dest.resolve())
+    except OSError:  # the working folder is gone: nothing of it to protect
+        return False
+
+
 def check_replaceable(dest: Path) -> None:
     """Refuse (BundleError) unless `dest` is absent, an empty folder, or a bundle exactly as DeepJIT
     wrote it (it verifies: no file added, changed or missing). A folder that merely holds a
@@ -119,7 +126,7 @@ def check_replaceable(dest: Path) -> None:
     dest = Path(dest)
     if not dest.exists() and not dest.is_symlink():
         return
-    if Path.cwd().is_relative_to(dest.resolve()):  # replacing it would pull the folder from under the shell
+    if _holds_cwd(dest):  # replacing it would pull the folder from under the shell
         raise BundleError(f"{str(dest) or '.'}: is the current folder or holds it; refusing to replace it "
                           "(name a folder inside it, e.g. ./bundle)")
     if dest.is_dir() and not dest.is_symlink():
