@@ -522,3 +522,17 @@ def test_a_file_that_is_no_archive_says_what_a_bundle_is(tmp_path):
     with pytest.raises(BundleError, match=r"README.md: archive is truncated or corrupt \(.*\); a bundle is a folder "
                                           r"or the .tar.gz DeepJIT made of one"):
         read_bundle(tmp_path / "README.md")
+
+
+def test_replaceable_is_judged_even_when_the_working_folder_is_gone(tmp_path, monkeypatch, sample):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()  # os.getcwd() raises from here on
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest, archive=False)
+    bundle_mod.check_replaceable(info.path)  # a bundle as DeepJIT wrote it: replaceable
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's")
+    with pytest.raises(BundleError, match="mine: exists and is not a DeepJIT bundle"):
+        bundle_mod.check_replaceable(tmp_path / "mine")
