@@ -30,7 +30,7 @@ def read_image(path: Path) -> np.ndarray:
                                 "image as a uint8 [H, W, 3] .npy (BGR)") from None
     try:
         with open_regular(path) as f, Image.open(f) as img:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+            return _rgb8(img, path)
     except Image.DecompressionBombError as e:  # not an OSError: a header claiming billions of pixels
         limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)  # Pillow refuses past twice its warning limit
         raise RuntimeInputError(f"{path}: the image is too large to decode ({e}); allowed: at most {limit} "
@@ -40,19 +40,47 @@ def read_image(path: Path) -> np.ndarray:
                                 f"{', '.join(IMAGE_SUFFIXES)} image or a uint8 [H, W, 3] .npy (BGR)") from None
 
 
+def _rgb8(img, path: Path) -> np.ndarray:
+    """uint8 RGB of a decoded image. Pillow's convert("RGB") clips a 16-bit grey image (mode I;16, or
+    I from a PNG, which holds no 32-bit pixels) at 255, saturating it: it is scaled to 8 bits by its
+    high byte instead, as OpenCV's imread (what ultralytics reads with) does."""
+    if img.mode.startswith("I;16") or (img.mode == "I" and img.format == "PNG"):
+        grey = (np.asarray(img).astype(np.uint32) >> 8).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=-1)
+    if img.mode in ("I", "F"):
+        raise RuntimeInputError(f"{path}: a {'32-bit integer' if img.mode == 'I' else 'floating-point'} image "
+                                f"(Pillow mode {img.mode}) has no 8-bit meaning; give an 8- or 16-bit image, or a "
+                                "uint8 [H, W, 3] .npy (BGR)")
+    return np.asarray(img.convert("RGB"), dtype=np.uint8)
+
+
 def read_npy(path: Path) -> np.ndarray:
     """A .npy file's array (allow_pickle=False: an input file must never run code)."""
     try:
         with open_regular(path) as f:
-            return np.load(f, allow_pickle=False)
+            array = np.load(f, allow_pickle=False)
     except _ARRAY_ERRORS as e:
         raise RuntimeInputError(f"{path}: cannot read it as a .npy array ({e}); {_ARRAYS_ALLOWED}") from None
+    return _finite(array, str(path))
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """A .npz file's arrays by name, every member read (and so checked) here."""
     try:
         with open_regular(path) as f, np.load(f, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+            arrays = {k: data[k] for k in data.files}
     except _ARRAY_ERRORS as e:
         raise RuntimeInputError(f"{path}: cannot read it as a .npz of arrays ({e}); {_ARRAYS_ALLOWED}") from None
+    return {k: _finite(a, f"{path}: array '{k}'") for k, a in arrays.items()}
+
+
+def _finite(array: np.ndarray, what: str) -> np.ndarray:
+    """`array`, refused if it holds NaN or inf: no pipeline input means anything with them, and they
+    would pass through the engine into NaN boxes, or fail deep inside calibration."""
+    if np.issubdtype(array.dtype, np.inexact):
+        bad = ~np.isfinite(array)
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise RuntimeInputError(f"{what}: {int(bad.sum())} of its {array.size} values are NaN or infinite "
+                                    f"(the first at index {list(first)}); allowed: finite numbers only")
+    return array

@@ -88,3 +88,41 @@ def test_npz_files_that_are_not_plain_arrays_name_the_file(tmp_path):
     for name in ("obj.npz", "garbage.npz", "crc.npz", "huge.npz"):
         with pytest.raises(RuntimeInputError, match=rf"{name}: cannot read it as a \.npz of arrays \(.*\); allowed"):
             read_npz(tmp_path / name)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_arrays_with_nan_or_inf_are_refused_naming_the_file_array_and_first_index(tmp_path, bad):
+    rng = np.random.default_rng(25)
+    images = rng.random((2, 3, 8, 8), dtype=np.float32)
+    np.save(tmp_path / "fine.npy", images)
+    np.testing.assert_array_equal(read_npy(tmp_path / "fine.npy"), images)
+    images[1, 2, 3, 4] = images[1, 2, 5, 6] = bad
+    np.save(tmp_path / "bad.npy", images)
+    np.savez(tmp_path / "bad.npz", counts=rng.integers(0, 9, (2,)), images=images)
+    with pytest.raises(RuntimeInputError, match=r"bad\.npy: 2 of its 384 values are NaN or infinite \(the first at "
+                                                r"index \[1, 2, 3, 4\]\); allowed: finite"):
+        read_npy(tmp_path / "bad.npy")
+    with pytest.raises(RuntimeInputError, match=r"bad\.npz: array 'images': 2 of its 384 values are NaN"):
+        read_npz(tmp_path / "bad.npz")
+
+
+def test_a_16_bit_grey_image_keeps_its_high_byte_instead_of_saturating(tmp_path):
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    grey = np.random.default_rng(26).integers(0, 65536, (32, 48), dtype=np.uint16)
+    want = np.repeat((grey // 256).astype(np.uint8)[..., None], 3, axis=-1)  # OpenCV's imread: 65535 -> 255
+    for suffix in (".png", ".tif"):
+        image_mod.fromarray(grey).save(tmp_path / f"grey16{suffix}")
+        got = read_image(tmp_path / f"grey16{suffix}")
+        assert got.dtype == np.uint8 and got.shape == (32, 48, 3)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_32_bit_or_float_image_is_refused_naming_its_mode(tmp_path):
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    rng = np.random.default_rng(27)
+    image_mod.fromarray(rng.integers(0, 2**20, (16, 16), dtype=np.int32)).save(tmp_path / "deep.tif")
+    image_mod.fromarray(rng.random((16, 16), dtype=np.float32)).save(tmp_path / "float.tif")
+    with pytest.raises(RuntimeInputError, match=r"deep\.tif: a 32-bit integer image \(Pillow mode I\).*8- or 16-bit"):
+        read_image(tmp_path / "deep.tif")
+    with pytest.raises(RuntimeInputError, match=r"float\.tif: a floating-point image \(Pillow mode F\)"):
+        read_image(tmp_path / "float.tif")

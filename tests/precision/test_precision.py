@@ -12,7 +12,7 @@ import pytest
 from conftest_models import chain_model
 from onnx import TensorProto, helper, numpy_helper
 
-from deepjit_compiler.errors import SpecError
+from deepjit_compiler.errors import RuntimeInputError, SpecError
 from deepjit_compiler.precision.calibration import CalibrationSettings, reader_for
 from deepjit_compiler.precision.emulate import emulate_in_fp32, measure_cost
 from deepjit_compiler.precision.rewrite import DEFAULT_KEEP_FP32, KEEP_FP32_REASONS, apply_precision, check_keep_fp32
@@ -341,6 +341,17 @@ def test_folder_reader_errors_name_the_file(tmp_path):
         reader_for(conv_softmax_model(), CalibrationSettings(data=empty, cache=tmp_path / "c"))
     with pytest.raises(SpecError, match="does not exist"):
         reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path / "missing", cache=tmp_path / "c"))
+
+
+def test_nan_calibration_data_is_refused_naming_the_file_before_onnx_runtime_sees_it(tmp_path):
+    a = np.random.default_rng(10).uniform(-1, 1, size=(1, 3, 16, 16)).astype(np.float32)
+    a[0, 1, 2, 3] = np.nan
+    np.save(tmp_path / "a.npy", a)
+    settings = CalibrationSettings(data=tmp_path, cache=tmp_path / "c")
+    with pytest.raises(RuntimeInputError, match=r"a\.npy: 1 of its 768 values are NaN or infinite \(the first at "
+                                                r"index \[0, 1, 2, 3\]\)"):
+        apply_precision(conv_softmax_model(), "int8", calibration=settings)
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())  # nothing cached from it
 
 
 def test_random_reader_is_seeded_and_in_range(tmp_path):
