@@ -39,6 +39,7 @@ from .validation.engine import engine_level
 from .validation.gate import BUILD_REPORT, GateReport, LevelResult, check_report_folder
 from .validation.gpu import gpu_levels
 from .validation.graph import graph_level
+from .validation.names import check_names
 from .validation.precision import precision_stage
 
 log = logging.getLogger("deepjit.build")
@@ -105,6 +106,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     with times.stage("surgery"):
         plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
         warnings = check_kernel_params(loaded, plan)  # bad params are named before the boundaries read them
+        check_names(loaded, plan)
         # the segments hand kernels their tensors in the engine's dtype where the kernels read it
         result.plan = plan_at_precision(plan, spec.engine.precision, loaded.folder)
     for warning in warnings:

@@ -50,9 +50,10 @@ def spec(model: Path, gpu_letterbox: bool, out: Path, sm: int, precision: str = 
                   **inputs}
         cuts.insert(0, {"name": "letterbox", "add": "before", "at": "images",
                         "kernels": [{"contract": "letterbox", "params": {"size": SIZE}}]})
+    ranges = {name: [0, 255] if inp.get("dtype") == "uint8" else [0.0, 1.0] for name, inp in inputs.items()}
     return {"name": out.name, "model": {"path": str(model)}, "target": {"sm": sm}, "inputs": inputs,
             "engine": {"precision": precision}, "cuts": cuts,
-            "validation": {"samples": 1, "data": {"random": {"ranges": {"images": [0.0, 1.0], "raw_images": [0, 255]}}}},
+            "validation": {"samples": 1, "data": {"random": {"ranges": ranges}}},
             "bundle": {"path": str(out)}}
 
 
