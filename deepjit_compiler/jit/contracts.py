@@ -349,9 +349,11 @@ class Launch:
 
 
 def _dim3(values, ctx, where) -> tuple[int, int, int]:
+    """1 to 3 ints, padded with 1s; whether CUDA launches them is geometry.check_launch's to say (it knows
+    the batch and the SM)."""
     vals = [int(evaluate(v, ctx, where)) for v in values]
-    if not 1 <= len(vals) <= 3 or min(vals) < 0:
-        raise KernelError(f"{where}: need 1 to 3 non-negative ints, got {vals}")
+    if not 1 <= len(vals) <= 3:
+        raise KernelError(f"{where}: need 1 to 3 ints, got {vals}")
     return tuple(vals + [1] * (3 - len(vals)))  # type: ignore[return-value]
 
 
@@ -407,37 +409,64 @@ def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, i
     """The launches for bound dims; `values` maps tensor/workspace names to device pointers."""
     if done_before(contract, params):
         return ()
-    out = []
+    return tuple(_launch(entry, _args(entry, values)) for entry in _launched(contract, params, dims))
+
+
+def launch_geometry(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int]) -> tuple[Launch, ...]:
+    """The launches for bound dims without their args (so without tensors): what CUDA's limits are checked
+    on before anything is allocated (geometry.check_launch)."""
+    if done_before(contract, params):
+        return ()
+    return tuple(_launch(entry, ()) for entry in _launched(contract, params, dims))
+
+
+@dataclass(frozen=True, slots=True)
+class _Launched:
+    """An entry point that launches at some dims: where it is in the contract, and the params (its
+    from_batch's from that batch on) and context (params and dims) its expressions see."""
+
+    where: str
+    entry: Any
+    params: Mapping[str, Any]
+    ctx: Mapping[str, Any]
+
+
+def _launched(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int]):
+    """The entry points whose `when` holds at these dims, in order."""
     for k, e in enumerate(contract.model.entry_points):
         where = f"{contract.path}: entry_points[{k}]"
         if not _truthy(e.when, {**params, **dims}, f"{where}.when"):
             continue
         at, large = _from_batch(e, params, where)
-        if at is not None:
-            if not isinstance(dims.get("B"), int):
-                raise KernelError(f"{where}.from_batch: the launch has no batch dim B bound")
-            eparams = large if dims["B"] >= at else params
-        else:
-            eparams = params
-        ctx = {**eparams, **dims}
-        args = []
-        for j, a in enumerate(e.args):
-            for actx in _repeats(a, ctx, f"{where}.args[{j}]"):
-                name = expand(a.name, actx, f"{where}.args[{j}].name")
-                if a.value is not None:
-                    value = evaluate(a.value, {**actx, **values}, f"{where}.args[{j}].value")
-                elif name in values:
-                    value = values[name]
-                elif name in actx:
-                    value = actx[name]
-                else:
-                    raise KernelError(f"{where}.args[{j}]: no tensor, dim or param named '{name}'"
-                                      f"{closest(name, [*values, *actx])}")
-                args.append((name, a.type, value))
-        out.append(Launch(e.name, expand(e.symbol, eparams, f"{where}.symbol"), _dim3(e.grid, ctx, f"{where}.grid"),
-                          _dim3(e.block, ctx, f"{where}.block"),
-                          int(evaluate(e.shared_mem, ctx, f"{where}.shared_mem")), tuple(args),
-                          e.overlaps_previous))
+        if at is not None and not isinstance(dims.get("B"), int):
+            raise KernelError(f"{where}.from_batch: the launch has no batch dim B bound")
+        eparams = large if at is not None and dims["B"] >= at else params
+        yield _Launched(where, e, eparams, {**eparams, **dims})
+
+
+def _launch(it: _Launched, args: tuple[tuple[str, str, Any], ...]) -> Launch:
+    e, where, ctx = it.entry, it.where, it.ctx
+    return Launch(e.name, expand(e.symbol, it.params, f"{where}.symbol"), _dim3(e.grid, ctx, f"{where}.grid"),
+                  _dim3(e.block, ctx, f"{where}.block"), int(evaluate(e.shared_mem, ctx, f"{where}.shared_mem")),
+                  args, e.overlaps_previous)
+
+
+def _args(it: _Launched, values: Mapping[str, Any]) -> tuple[tuple[str, str, Any], ...]:
+    """An entry's typed args: its `value:` expression, else the tensor, dim or param of its name."""
+    where, out = it.where, []
+    for j, a in enumerate(it.entry.args):
+        for actx in _repeats(a, it.ctx, f"{where}.args[{j}]"):
+            name = expand(a.name, actx, f"{where}.args[{j}].name")
+            if a.value is not None:
+                value = evaluate(a.value, {**actx, **values}, f"{where}.args[{j}].value")
+            elif name in values:
+                value = values[name]
+            elif name in actx:
+                value = actx[name]
+            else:
+                raise KernelError(f"{where}.args[{j}]: no tensor, dim or param named '{name}'"
+                                  f"{closest(name, [*values, *actx])}")
+            out.append((name, a.type, value))
     return tuple(out)
 
 
