@@ -19,17 +19,19 @@ import onnx
 from .bundle.contents import bundle_files, bundle_manifest
 from .bundle.folder import StagedBundle, check_archive_replaceable, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
-from .errors import GateFailed, KernelError
+from .errors import GateFailed, KernelError, RuntimeInputError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
 from .graph.serialize import model_bytes
 from .jit.contracts import declared_detections, load_contract, resolve_params
 from .jit.fused import check_writers
+from .jit.geometry import check_launch
 from .jit.nvrtc import compile_site_kernels
 from .jit.thresholds import check_thresholds
 from .log import StageTimes
 from .model.source import ResolvedModel, check_inputs, resolve_model
 from .precision.boundaries import plan_at_precision
 from .precision.calibration import CalibrationSettings
+from .runtime.layout import Layout
 from .spec.load import LoadedSpec, load_spec
 from .stagecache import StageCache, arrays_digest, folder_digest, level_from_record, level_record
 from .store.publish import publish as push
@@ -109,9 +111,12 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
         check_names(loaded, plan)
         # the segments hand kernels their tensors in the engine's dtype where the kernels read it
         result.plan = plan_at_precision(plan, spec.engine.precision, loaded.folder)
+        unchecked = check_launch_limits(loaded, result.plan)  # at the params the kernels are compiled with
     for warning in warnings:
         log.warning("%s", warning)
-    result.notes += warnings
+    for note in unchecked:
+        log.info("%s", note)
+    result.notes += warnings + unchecked
     if dry_run:
         if resolved.synthesized:
             result.notes.append(f"dry run: the synthetic model was made in memory; a build writes it to "
@@ -204,6 +209,28 @@ def check_kernel_params(loaded: LoadedSpec, plan) -> list[str]:
         return check_thresholds(kernels)
     except KernelError as e:
         raise KernelError(f"{loaded.path}: {e}") from None
+
+
+def check_launch_limits(loaded: LoadedSpec, plan) -> list[str]:
+    """Before any work: every kernel launch at every batch the bundle runs (its buckets, the profile's min
+    and max) within CUDA's limits for the target (jit/geometry.py), so a contract's grid, block or
+    shared_mem that no target GPU launches is named here rather than by the driver on the GPU. Returns
+    a note for each kernel whose input shapes only its engine tells: the runtime checks those at load."""
+    layout, target = Layout.from_plan(plan, loaded.spec, loaded.folder), loaded.spec.target
+    label = f"the target sm_{target.resolved_sm}" + (f" ({target.gpu})" if target.gpu else "")
+    checked = set()
+    for batch in layout.launch_batches:
+        try:
+            found = list(layout.launch_geometry(batch))
+        except (KernelError, RuntimeInputError) as e:  # a contract whose shapes or expressions do not fit the plan
+            raise KernelError(f"{loaded.path}: at batch {batch}: {e}") from None
+        for kernel, launches in found:
+            where = f"{loaded.path}: cut '{kernel.step}' kernels[{kernel.index}] ({kernel.view.contract})"
+            checked.add((kernel.step, kernel.index))
+            for launch in launches:
+                check_launch(launch, target.resolved_sm, where, batch=batch, target=label)
+    return [f"cut '{k.step}' kernels[{k.index}] ({k.view.contract}): launch geometry checked when the bundle "
+            "loads (its input shapes come from the engine)" for k in layout.kernels if (k.step, k.index) not in checked]
 
 
 def _graph(cache: StageCache, times: StageTimes, plan, plan_digest: str, resolved: ResolvedModel,

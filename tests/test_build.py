@@ -7,13 +7,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import DECODE_MODE, FUSED, NMS_LAST_PARAM, REPO, YOLOV8N_T4, run_cli
+from conftest import DECODE_MODE, FUSED, NMS_LAST_PARAM, PIPELINES, REPO, YOLOV8N_T4, letterbox_variant, run_cli
 
+from deepjit_compiler import build
 from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.bundle.archive import pack
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.engines import rtx_sms
 from deepjit_compiler.errors import StoreError
+from deepjit_compiler.jit.geometry import check_launch
 from deepjit_compiler.runtime import run as runbundle
 from deepjit_compiler.runtime.layout import Layout
 
@@ -311,3 +313,100 @@ def test_a_users_file_at_the_archive_path_is_refused_before_any_work(write_spec,
     assert f"{theirs}: exists and is not a DeepJIT bundle archive; refusing to replace it" in r.stderr
     assert theirs.read_bytes() == b"a user's own tarball"
     assert not (tmp_path / "out/yolov8n_t4").exists() and "graph level" not in r.stderr  # refused before the work
+
+
+def edited_contract(folder: Path, builtin: str, name: str, old: str, new: str) -> str:
+    """A user's copy of a built-in contract with one line of it changed."""
+    ref = copy_contract(folder, builtin, name)
+    path = folder.parent / ref
+    text = path.read_text()
+    assert old in text, f"test bug: {old!r} is not in kernels/{builtin}.yaml"
+    path.write_text(text.replace(old, new))
+    return ref
+
+
+NMS_REF, DECODE_REF = "      - contract: nms\n", "      - contract: yolov8_decode "
+MAX_4 = {"max: [8, 3, 640, 640]": "max: [4, 3, 640, 640]", "buckets: [1, 2, 4, 8]             #": "buckets: [1, 2, 4]  #"}
+BLOCK_ALLOWED = "allows x and y from 1 to 1024, z from 1 to 64, at most 1024 threads in all"
+GRID_ALLOWED = "allows x from 1 to 2147483647, y and z from 1 to 65535"
+
+
+@pytest.mark.parametrize("builtin, old, new, message", [
+    ("nms", "block: [block]", "block: [block, 4]",
+     f"entry point 'nms' at batch 1: block is [512, 4, 1] (2048 threads); the target sm_75 (T4) {BLOCK_ALLOWED}"),
+    ("nms", "block: [block]", "block: [8, 1, 128]",
+     f"entry point 'nms' at batch 1: block is [8, 1, 128] (z is 128); the target sm_75 (T4) {BLOCK_ALLOWED}"),
+    ("nms", 'grid: ["B * cluster"]', 'grid: ["B * cluster - 1"]',
+     f"entry point 'nms' at batch 1: grid is [0, 1, 1] (x is 0); the target sm_75 (T4) {GRID_ALLOWED}"),
+    ("yolov8_decode", '"ceil_div(A * lanes_per_anchor, anchors_per_thread * block)", B]',
+     '"ceil_div(A * lanes_per_anchor, anchors_per_thread * block)", "B * 8192"]',
+     f"entry point 'decode' at batch 8: grid is [17, 65536, 1] (y is 65536); the target sm_75 (T4) {GRID_ALLOWED}"),
+    ("nms", 'shared_mem: "chunk * (chunk // 8 + 28)"', "shared_mem: 100000",
+     "entry point 'nms' at batch 1: shared_mem is 100000 bytes; the target sm_75 (T4) allows 0 to 65536 bytes of "
+     "dynamic shared memory a block (its static shared memory counts against that too)"),
+])
+def test_a_users_launch_past_cudas_limits_is_refused_before_any_work(write_spec, tmp_path, builtin, old, new, message):
+    """A contract's grid, block and shared_mem are checked at every batch the bundle runs (its buckets, the
+    profile's min and max) against the target's limits, so `build --dry-run` on a CPU box says what the
+    driver would only say on the GPU; the message names the spec, the cut, the contract's path and the rest."""
+    ref = edited_contract(tmp_path / "my_kernels", builtin, "mine", old, new)
+    spec = _spec(write_spec, **({NMS_REF: f"      - contract: {ref}\n"} if builtin == "nms" else
+                                {DECODE_REF: f"      - contract: {ref} "}))
+    r = run_cli("build", str(spec), "--dry-run")
+    assert r.returncode == 2, r.stderr
+    step = "nms" if builtin == "nms" else "decode"
+    assert f"{spec}: cut '{step}' kernels[0] (my_kernels/mine.yaml): {message}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_grid_past_its_limit_only_at_the_max_batch_is_refused_only_with_that_batch(write_spec, tmp_path):
+    """grid y is B * 8192: 65536 at batch 8 is one past the limit, 32768 at batch 4 is fine."""
+    ref = edited_contract(tmp_path / "my_kernels", "yolov8_decode", "mine", ", B]\n", ', "B * 8192"]\n')
+    to_mine = {DECODE_REF: f"      - contract: {ref} "}
+    r = run_cli("build", str(_spec(write_spec, **to_mine)), "--dry-run")
+    assert r.returncode == 2 and "at batch 8: grid is [17, 65536, 1] (y is 65536)" in r.stderr, r.stderr
+    r = run_cli("build", str(_spec(write_spec, **to_mine, **MAX_4)), "--dry-run")
+    assert r.returncode == 0, r.stderr
+
+
+def test_shared_memory_past_the_t4s_limit_is_fine_for_an_h200(write_spec, tmp_path):
+    """100,000 bytes of dynamic shared memory a block: past a T4's 64 KiB (sm_75), within an H200's 227 KiB."""
+    ref = edited_contract(tmp_path / "my_kernels", "nms", "mine", 'shared_mem: "chunk * (chunk // 8 + 28)"',
+                          "shared_mem: 100000")
+    to_mine = {NMS_REF: f"      - contract: {ref}\n"}
+    r = run_cli("build", str(_spec(write_spec, **to_mine)), "--dry-run")
+    assert r.returncode == 2 and "shared_mem is 100000 bytes; the target sm_75 (T4) allows 0 to 65536" in r.stderr
+    r = run_cli("build", str(_spec(write_spec, **to_mine, **{"gpu: T4 ": "gpu: H200 "})), "--dry-run")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("pipeline", [*sorted(p.stem for p in PIPELINES.glob("*.yaml")), "yolov8_t4 + letterbox"])
+def test_the_builtin_kernels_of_every_shipped_pipeline_launch_within_their_targets_limits(pipeline, write_spec,
+                                                                                           monkeypatch):
+    """Each kernel is checked at each batch of the spec (none left to the runtime), and passes."""
+    checked = []
+    monkeypatch.setattr(build, "check_launch", lambda launch, sm, where, batch, target:
+                        checked.append((where.rsplit(": ", 1)[-1], launch.entry, batch))
+                        or check_launch(launch, sm, where, batch=batch, target=target))
+    path = PIPELINES / f"{pipeline}.yaml" if "+" not in pipeline else write_spec(letterbox_variant())
+    result = build_pipeline(path, dry_run=True)
+    spec = result.spec.spec
+    batches = sorted({b for i in spec.inputs.values() for b in (*i.batch_buckets, i.min_shape[0], i.max_shape[0])})
+    kernels = [(f"cut '{c.name}' kernels[{j}] ({k.contract})", k.contract) for c in spec.cuts
+               for j, k in enumerate(c.kernels)]
+    entries = {"yolov8_decode": "decode", "nms": "nms", "letterbox": "letterbox"}
+    assert sorted(checked) == sorted((label, entries[ref], b) for label, ref in kernels for b in batches)
+    assert not [n for n in result.notes if "launch geometry" in n]
+
+
+def test_a_kernel_whose_inputs_only_the_engine_sizes_is_left_to_the_runtime(write_spec):
+    """A model with a dynamic input size: the head maps' sizes are dims no input names, so the decode and
+    the nms are checked when the bundle loads (runtime/launch.py), and the dry run says so."""
+    r = run_cli("build", str(_spec(write_spec, **{
+        "dynamic: false": "dynamic: true", "shape: [batch, 3, 640, 640]": "shape: [batch, 3, height, width]",
+        "max: [8, 3, 640, 640]": "max: [8, 3, 1280, 1280]", "min: [1, 3, 640, 640]": "min: [1, 3, 320, 320]"})),
+        "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    notes = [n for n in json.loads(r.stdout)["notes"] if "launch geometry" in n]
+    assert notes == [f"cut '{s}' kernels[0] ({s if s == 'nms' else 'yolov8_decode'}): launch geometry checked when "
+                     "the bundle loads (its input shapes come from the engine)" for s in ("decode", "nms")]

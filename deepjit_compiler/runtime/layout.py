@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,12 @@ from ..graph.tensors import TensorSig
 from ..jit.contract_models import Detections
 from ..jit.contracts import (
     Contract,
+    Launch,
     bind_dims,
     concrete_shape,
+    launch_geometry,
+    load_contract,
+    resolve_params,
     signature,
     site_inputs,
     workspace_bytes,
@@ -166,6 +170,24 @@ def _kernel(k: KernelView, inputs: Sequence[TensorSig], view: BundleView) -> Ker
                       site_aliases(contract, k.params, inputs, f"kernel {k.name}"))
 
 
+def _planned_kernel(step, index: int, ref: str, facts: Mapping[str, Any], given: Mapping[str, Any], sm: int,
+                    spec_dir: Path | None) -> KernelInfo:
+    """A kernel of a build plan's step as the bundle will record it, before it is compiled (no files yet)."""
+    contract = load_contract(ref, spec_dir=spec_dir)
+    params = resolve_params(contract, given, facts)
+    view = KernelView(step.name, index, ref, params, sm, {}, {})
+    return KernelInfo(step.name, index, view, contract, params, signature(contract, params),
+                      site_aliases(contract, params, step.inputs, f"kernel {view.name}"))
+
+
+def _planned_input(t: TensorSig, declared) -> InputView:
+    """A plan input as the bundle will record it: the spec's profile and buckets (ending at the max), or its
+    own static shape when the spec declares none."""
+    lo, opt, hi = (declared.min_shape, declared.opt_shape, declared.max_shape) if declared else (t.shape,) * 3
+    buckets = declared.batch_buckets if declared else ()
+    return InputView(t.name, t.dtype, t.shape, tuple(lo), tuple(opt), tuple(hi), tuple(sorted({*buckets, hi[0]})))
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """What a bundle runs, in order, and over which tensors."""
@@ -193,6 +215,23 @@ class Layout:
         """The run plan of a manifest alone (no files, so contracts by name): what a test edits."""
         return cls.from_bundle(BundleView(Path("."), {**manifest, "files": {}}))
 
+    @classmethod
+    def from_plan(cls, plan, spec, spec_dir: Path | None = None) -> Layout:
+        """The run plan a build's Plan makes, before its kernels are compiled (their records hold the
+        contract as the spec names it and the resolved params, no files): what the build checks launches
+        on, so they are bound from the shapes the runtime will see."""
+        sm = spec.target.resolved_sm
+        steps = []
+        for s in plan.steps:
+            kernels = () if s.kind == "segment" else tuple(
+                _planned_kernel(s, i, str(k.contract), plan.kernel_facts(s), k.params, sm, spec_dir)
+                for i, k in enumerate(s.kernels))
+            view = StepView(s.name, s.kind, s.inputs, s.outputs, "", tuple(k.view for k in kernels))
+            steps.append(StepInfo(view, kernels))
+        inputs = tuple(_planned_input(t, spec.inputs.get(t.name)) for t in plan.inputs)
+        engine = EngineView(spec.engine.backend, False, "not decided yet", spec.engine.precision, {}, {}, {})
+        return cls(spec.name, "", sm, spec.target.gpu, inputs, plan.outputs, tuple(steps), engine)
+
     # -- batch -----------------------------------------------------------------------------------
     @property
     def max_batch(self) -> int:
@@ -209,6 +248,11 @@ class Layout:
         if len(found) > 1:
             raise BundleError(f"manifest: inputs have different batch buckets {sorted(found)}; they share one batch")
         return next(iter(found)) if found else (1,)
+
+    @property
+    def launch_batches(self) -> tuple[int, ...]:
+        """Every batch a kernel launches at: the buckets (a call runs at its bucket's), the min and the max."""
+        return tuple(sorted({self.min_batch, self.max_batch, *(b for i in self.inputs for b in i.buckets)}))
 
     def bucket_for(self, batch: int) -> int:
         return bucket_for(batch, self.buckets)
@@ -324,18 +368,37 @@ class Layout:
                     shapes[t.name] = tuple(shape)
                 continue
             for k in s.kernels:
-                dims = kernel_dims(k, shapes)
-                for sig in k.sigs:
-                    if sig.role == "output":
-                        shapes[k.plan_name(sig.name)] = concrete_shape(sig, k.params, dims, f"kernel {k.name}: "
-                                                                                             f"output '{sig.name}'")
+                shapes.update(kernel_outputs(k, kernel_dims(k, shapes)))
         return shapes
+
+    def launch_geometry(self, batch: int) -> Iterator[tuple[KernelInfo, tuple[Launch, ...]]]:
+        """Each kernel's launches (no args) at `batch`, the inputs' other dims at their max, as the runtime
+        prepares that batch's bucket when it loads. A kernel that reads an engine output whose shape only
+        the engine tells (a dim no input names) is left out, and so is any kernel that reads what such a
+        kernel makes: the runtime checks their launches when it makes them."""
+        shapes = {i.name: (batch, *i.max[1:]) for i in self.inputs}
+        for s in self.steps:
+            if s.kind == "segment":
+                outputs = {t.name: self.engine_output_shape(t, batch, shapes) for t in s.outputs}
+                shapes.update({name: shape for name, shape in outputs.items() if shape is not None})
+                continue
+            for k in s.kernels:
+                if all(name in shapes for name in k.reads):
+                    dims = kernel_dims(k, shapes)
+                    shapes.update(kernel_outputs(k, dims))
+                    yield k, launch_geometry(k.contract, k.params, dims)
 
 
 def kernel_dims(k: KernelInfo, shapes: Mapping[str, tuple[int, ...]]) -> Mapping[str, int]:
     """The contract's symbolic dims from the shapes of the plan tensors the kernel reads."""
     ins = {s.name: shapes[k.plan_name(s.name)] for s in k.sigs if s.role == "input"}
     return bind_dims(k.contract, k.params, ins)
+
+
+def kernel_outputs(k: KernelInfo, dims: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    """The plan tensors the kernel writes, with their shapes at bound dims."""
+    return {k.plan_name(sig.name): concrete_shape(sig, k.params, dims, f"kernel {k.name}: output '{sig.name}'")
+            for sig in k.sigs if sig.role == "output"}
 
 
 def kernel_workspace(k: KernelInfo, dims: Mapping[str, int]) -> int:
