@@ -25,6 +25,7 @@ from ..jit.contracts import (
     signature,
     workspace_bytes,
 )
+from ..jit.geometry import check_launch
 from ..jit.nvrtc import CompiledKernel
 from .gpu import DeviceArray, Gpu
 
@@ -104,6 +105,9 @@ class ContractKernel:
         """Geometry, configs and packed args for fixed buffers: launching them is all that is left."""
         plan = []
         for item in self.launches(tensors, dims):
+            # before the driver sees it: a bundle built elsewhere (or for another GPU) fails with its numbers
+            check_launch(item, self.gpu.sm, f"kernel {self.contract.name} ({self.contract.path})", batch=dims.get("B"),
+                         target=f"{self.gpu.name} (sm_{self.gpu.sm})")
             # By symbol: an entry's from_batch instantiation is another kernel of the same entry.
             fn = self._functions.get(item.symbol)
             if fn is None:

@@ -12,6 +12,7 @@ import ctypes
 import json
 import logging
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -610,6 +611,31 @@ def test_nms_gets_its_shared_memory_and_overlaps_the_decode_only_in_sm90_code(t4
     nms.prepare(tensors, dims)
     assert [e for e in gpu.log if e[0] == "allow_shared"] == [("allow_shared", "nms", shared(512))]
     assert [e for e in gpu.log if e[0] == "config"] == [("config", (2, 1, 1), shared(512), True)] * 2
+
+
+def test_a_launch_past_this_gpus_limits_fails_before_the_driver_sees_it(tmp_path):
+    """A bundle built for an H200 (nms chunk 1024: 156 KiB of dynamic shared memory a block) loaded on an
+    sm_86 GPU (99 KiB): the kernel names its contract, entry, batch and what this GPU allows before it
+    opts in to shared memory or makes a launch config; within the limits, the same kernel prepares."""
+    from deepjit_compiler.jit.nvrtc import compile_site_kernel
+    from deepjit_compiler.runtime.launch import ContractKernel
+
+    compiled = compile_site_kernel("nms", {"max_candidates": 640, "chunk": 1024}, sm=90, cache_dir=tmp_path)
+    for sm in (86, 90):
+        gpu = FakeGpu(sm)
+        nms = ContractKernel(gpu, compiled)
+        cands = {s.name: gpu.empty([{"B": 4, "K": 640}.get(d, d) for d in s.shape], s.dtype) for s in nms.inputs}
+        dims = nms.bind(cands)
+        tensors = {**cands, **nms.allocate_outputs(dims), "workspace": None}
+        if sm == 90:
+            nms.prepare(tensors, dims)
+            assert [e[0] for e in gpu.log if e[0] in ("allow_shared", "config")] == ["allow_shared", "config"]
+            continue
+        with pytest.raises(KernelError, match=re.escape(f"kernel nms ({compiled.contract_path}): entry point 'nms' at "
+                                                        "batch 4: shared_mem is 159744 bytes; Fake GPU (sm_86) allows "
+                                                        "0 to 101376 bytes")):
+            nms.prepare(tensors, dims)
+        assert not [e for e in gpu.log if e[0] in ("allow_shared", "config")]
 
 
 def test_a_fused_bundle_runs_decode_and_nms_as_one_launch(fused_bundle, fake):
