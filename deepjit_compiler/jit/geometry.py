@@ -26,7 +26,7 @@ MAX_GRID = (2**31 - 1, 65535, 65535)        # x, y, z
 # Table 31, "Maximum amount of shared memory per thread block": what one block may opt in to
 # (cudaFuncAttributeMaxDynamicSharedMemorySize), keyed as the table heads its columns. Table 32 puts
 # 11.0 with 9.0 and 10.x (228 KB an SM, 1 KB of it kept by the system). templates/deepjit_common.cuh's
-# kMaxSharedOptin is the same table for templates' static_asserts.
+# kMaxSharedOptin is the same table for templates' static_asserts (tests/jit/test_geometry.py compiles both).
 MAX_SHARED_PER_BLOCK: dict[str, int] = {
     "7.5": 64 * KIB, "8.0": 163 * KIB, "8.6": 99 * KIB, "8.7": 163 * KIB, "8.9": 99 * KIB,
     "9.0": 227 * KIB, "10.x": 227 * KIB, "11.0": 227 * KIB, "12.x": 99 * KIB,
