@@ -54,8 +54,10 @@ from ..surgery.references import letterbox_numpy
 log = logging.getLogger("deepjit.calibration")
 
 CACHE_FORMAT = 1
-METHODS = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-           "percentile": CalibrationMethod.Percentile}
+# Entropy is not offered: quantize_static hands its calibrator no bin counts, and the defaults (128
+# bins into 128) leave one threshold, the full range, so it gave min-max's ranges (docs/design.md,
+# "Accuracy gate defaults").
+METHODS = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
 # TensorRT runs Q/DQ around its compute-heavy layers; quantizing elementwise ops too only adds
 # requantization (and error) that TensorRT would have to fuse away.
 DEFAULT_OP_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -78,7 +80,7 @@ class CalibrationSettings:
 
     def __post_init__(self):
         if self.method not in METHODS:
-            raise SpecError(f"calibration method must be one of {', '.join(METHODS)}, got "
+            raise SpecError(f"engine.calibration.method: must be one of {', '.join(METHODS)}, got "
                             f"'{self.method}'{closest(self.method, METHODS)}")
         if self.samples < 1:
             raise SpecError(f"engine.calibration.samples: must be >= 1, got {self.samples}")
@@ -94,8 +96,8 @@ class CalibrationSettings:
         rnd = spec.validation.data.random
         # Each sample at the profile's min shape (batch 1, usually): ranges depend on the images, not
         # on how they are batched, and calibration runs on the CPU.
-        return cls(data=cal.data, cache=Path(cal.cache), samples=cal.samples, seed=spec.validation.seed,
-                   ranges=dict(rnd.ranges) if rnd is not None else {},
+        return cls(data=cal.data, cache=Path(cal.cache), samples=cal.samples, method=cal.method,
+                   seed=spec.validation.seed, ranges=dict(rnd.ranges) if rnd is not None else {},
                    shapes={name: inp.min_shape for name, inp in spec.inputs.items()})
 
     @property

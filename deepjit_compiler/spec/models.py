@@ -169,6 +169,9 @@ class Calibration(_Model):
         "per sample, an array per segment input) or of .npy files (one-input segments); or 'random'")
     cache: SpecPath = Field(description="a folder of calibration caches (tensor ranges), reused by later builds")
     samples: int = Field(16, ge=1, description="how many: a folder's first files in name order, or random draws")
+    method: Literal["minmax", "percentile"] = Field(
+        "minmax", description="each tensor's range: its min and max over the samples, or the 99.999th percentile "
+        "of its magnitude (clips rare outliers)")
 
 
 class Engine(_Model):
