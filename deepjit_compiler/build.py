@@ -19,7 +19,7 @@ import onnx
 from .bundle.contents import bundle_files, bundle_manifest
 from .bundle.folder import StagedBundle, check_archive_replaceable, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
-from .errors import GateFailed, KernelError, RuntimeInputError
+from .errors import GateFailed, KernelError, RuntimeInputError, SpecError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
 from .graph.serialize import model_bytes
 from .jit.contracts import declared_detections, load_contract, resolve_params
@@ -216,6 +216,11 @@ def check_launch_limits(loaded: LoadedSpec, plan) -> list[str]:
     and max) within CUDA's limits for the target (jit/geometry.py), so a contract's grid, block or
     shared_mem that no target GPU launches is named here rather than by the driver on the GPU. Returns
     a note for each kernel whose input shapes only its engine tells: the runtime checks those at load."""
+    for t in plan.inputs:  # an input a stage added before the model brings (letterbox's raw_images) must be described
+        if t.name not in loaded.spec.inputs and not all(isinstance(d, int) for d in t.shape):
+            raise SpecError(f"{loaded.path}: inputs.{t.name}: the pipeline takes '{t.name}' {list(t.shape)} (a stage "
+                            f"added before the model reads it) and `inputs` does not describe it; allowed: describe "
+                            f"every pipeline input (shape, dtype, profile) so its symbolic dims have sizes")
     layout, target = Layout.from_plan(plan, loaded.spec, loaded.folder), loaded.spec.target
     label = f"the target sm_{target.resolved_sm}" + (f" ({target.gpu})" if target.gpu else "")
     checked = set()

@@ -78,9 +78,9 @@ def _finite(array: np.ndarray, what: str) -> np.ndarray:
     """`array`, refused if it holds NaN or inf: no pipeline input means anything with them, and they
     would pass through the engine into NaN boxes, or fail deep inside calibration."""
     if np.issubdtype(array.dtype, np.inexact):
-        bad = ~np.isfinite(array)
-        if bad.any():
-            first = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise RuntimeInputError(f"{what}: {int(bad.sum())} of its {array.size} values are NaN or infinite "
-                                    f"(the first at index {list(first)}); allowed: finite numbers only")
+        finite = np.isfinite(array)
+        if not finite.all():  # argmin, not argwhere: an all-NaN array must not cost ndim int64s per element
+            first = [int(i) for i in np.unravel_index(int(np.argmin(finite)), array.shape)]
+            raise RuntimeInputError(f"{what}: {array.size - int(np.count_nonzero(finite))} of its {array.size} values "
+                                    f"are NaN or infinite (the first at index {first}); allowed: finite numbers only")
     return array

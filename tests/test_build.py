@@ -410,3 +410,49 @@ def test_a_kernel_whose_inputs_only_the_engine_sizes_is_left_to_the_runtime(writ
     notes = [n for n in json.loads(r.stdout)["notes"] if "launch geometry" in n]
     assert notes == [f"cut '{s}' kernels[0] ({s if s == 'nms' else 'yolov8_decode'}): launch geometry checked when "
                      "the bundle loads (its input shapes come from the engine)" for s in ("decode", "nms")]
+
+
+@pytest.mark.parametrize("builtin, old, new, message", [
+    ("nms", 'grid: ["B * cluster"]', 'grid: ["Q"]',
+     "entry_points[0].grid: 'Q' is neither a param nor a bound dim; allowed: an int expression"),
+    ("nms", 'shared_mem: "chunk * (chunk // 8 + 28)"', 'shared_mem: "foo"',
+     "entry_points[0].shared_mem: 'foo' is neither a param nor a bound dim; allowed: an int expression"),
+    ("yolov8_decode", '"ceil_div(A * lanes_per_anchor, anchors_per_thread * block)", B]', '"mode", B]',
+     "entry_points[0].grid: 'mode' gives 'candidates', not a number; allowed: an int expression"),
+])
+def test_a_launch_size_that_is_not_a_number_is_exit_2_naming_the_field(write_spec, tmp_path, builtin, old, new,
+                                                                       message):
+    """A bare name that is neither a param nor a dim, or a str param, in grid, block or shared_mem: the
+    launch check evaluates them at dry run, where int() of the name was a ValueError (exit 3)."""
+    ref = edited_contract(tmp_path / "my_kernels", builtin, "mine", old, new)
+    spec = _spec(write_spec, **({NMS_REF: f"      - contract: {ref}\n"} if builtin == "nms" else
+                                {DECODE_REF: f"      - contract: {ref} "}))
+    r = run_cli("build", str(spec), "--dry-run")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert f"{spec}: at batch 1: {tmp_path / 'my_kernels/mine.yaml'}: {message}" in r.stderr, r.stderr
+
+
+def test_a_launch_is_checked_at_the_largest_frame_the_profile_allows(write_spec, tmp_path):
+    """grid y of H * 61: 65,880 at the profile's max 1080 rows is past the limit, 1,952 at its min 32 is
+    not; the build checks the size a bucket is prepared at (the max), so it is refused."""
+    ref = edited_contract(tmp_path / "my_kernels", "letterbox", "mine", 'grid: ["ceil_div(size, 32)", "ceil_div(size, 8)", B]',
+                          'grid: ["ceil_div(size, 32)", "H * 61", B]')
+    variant = letterbox_variant()
+    variant["cuts:\n"] = variant["cuts:\n"].replace("contract: letterbox", f"contract: {ref}")
+    r = run_cli("build", str(_spec(write_spec, **variant)), "--dry-run")
+    assert r.returncode == 2, r.stderr
+    assert "cut 'letterbox' kernels[0] (my_kernels/mine.yaml): entry point 'letterbox' at batch 1: grid is " \
+           "[20, 65880, 1] (y is 65880)" in r.stderr, r.stderr
+
+
+def test_an_undescribed_input_of_a_stage_added_before_the_model_is_exit_2(write_spec):
+    """A letterbox spec whose `inputs` describes only the model's images: raw_images has symbolic dims no
+    profile sizes (the build's validation data refused it later; the launch check raised ValueError)."""
+    variant = letterbox_variant()
+    del variant["inputs:\n  images:"]
+    variant["ranges: {images: [0.0, 1.0]}"] = "ranges: {images: [0.0, 1.0]}"
+    spec = _spec(write_spec, **variant)
+    r = run_cli("build", str(spec), "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{spec}: inputs.raw_images: the pipeline takes 'raw_images' ['batch', 'height', 'width', 3]" in r.stderr

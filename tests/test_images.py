@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,3 +127,33 @@ def test_a_32_bit_or_float_image_is_refused_naming_its_mode(tmp_path):
         read_image(tmp_path / "deep.tif")
     with pytest.raises(RuntimeInputError, match=r"float\.tif: a floating-point image \(Pillow mode F\)"):
         read_image(tmp_path / "float.tif")
+
+
+def test_an_all_nan_array_is_refused_without_an_index_per_value():
+    """np.argwhere of an all-NaN array made ndim int64s per value (9.7 GB for a 600 MB batch): the first
+    index comes from argmin instead; the peak stays near the array's bool mask."""
+    import tracemalloc
+
+    from deepjit_compiler.images import _finite
+
+    images = np.full((4, 3, 256, 256), np.nan, dtype=np.float32)
+    tracemalloc.start()
+    try:
+        with pytest.raises(RuntimeInputError, match=r"x: 786432 of its 786432 values are NaN or infinite \(the first "
+                                                    r"at index \[0, 0, 0, 0\]\)"):
+            _finite(images, "x")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < images.nbytes, peak
+
+
+def test_a_16_bit_grey_png_that_pillow_opens_as_mode_i_keeps_its_high_byte():
+    """Pillow before 13 opens a 16-bit grey PNG as mode I (32-bit ints holding 0..65535), not I;16."""
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    from deepjit_compiler.images import _rgb8
+
+    img = image_mod.fromarray(np.array([[0, 130 * 256 + 7, 65535]], dtype=np.int32))
+    img.format = "PNG"
+    assert img.mode == "I"
+    np.testing.assert_array_equal(_rgb8(img, Path("grey16.png")), [[[0] * 3, [130] * 3, [255] * 3]])

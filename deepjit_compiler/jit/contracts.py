@@ -348,10 +348,23 @@ class Launch:
     overlap: bool = False  # the entry's overlaps_previous
 
 
+def _number(expr, ctx, where) -> int:
+    """An expression that must give a number (a grid, block, shared_mem or workspace size), as an int. A
+    bare name that is neither a param nor a bound dim comes back from `evaluate` as that name, and a str
+    param as its text: int() of those raised ValueError (exit 3)."""
+    value = evaluate(expr, ctx, where)
+    if not isinstance(value, (int, float)):
+        bare = isinstance(value, str) and value == str(expr).strip()
+        what = (f"'{value}' is neither a param nor a bound dim{closest(value, ctx)}" if bare
+                else f"{expr!r} gives {value!r}, not a number")
+        raise KernelError(f"{where}: {what}; allowed: an int expression of the contract's params and bound dims")
+    return int(value)
+
+
 def _dim3(values, ctx, where) -> tuple[int, int, int]:
     """1 to 3 ints, padded with 1s; whether CUDA launches them is geometry.check_launch's to say (it knows
     the batch and the SM)."""
-    vals = [int(evaluate(v, ctx, where)) for v in values]
+    vals = [_number(v, ctx, where) for v in values]
     if not 1 <= len(vals) <= 3:
         raise KernelError(f"{where}: need 1 to 3 ints, got {vals}")
     return tuple(vals + [1] * (3 - len(vals)))  # type: ignore[return-value]
@@ -447,7 +460,7 @@ def _launched(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, 
 def _launch(it: _Launched, args: tuple[tuple[str, str, Any], ...]) -> Launch:
     e, where, ctx = it.entry, it.where, it.ctx
     return Launch(e.name, expand(e.symbol, it.params, f"{where}.symbol"), _dim3(e.grid, ctx, f"{where}.grid"),
-                  _dim3(e.block, ctx, f"{where}.block"), int(evaluate(e.shared_mem, ctx, f"{where}.shared_mem")),
+                  _dim3(e.block, ctx, f"{where}.block"), _number(e.shared_mem, ctx, f"{where}.shared_mem"),
                   args, e.overlaps_previous)
 
 
@@ -473,4 +486,4 @@ def _args(it: _Launched, values: Mapping[str, Any]) -> tuple[tuple[str, str, Any
 def workspace_bytes(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int]) -> int:
     if done_before(contract, params):
         return 0
-    return int(evaluate(contract.model.workspace, {**params, **dims}, f"{contract.path}: workspace"))
+    return _number(contract.model.workspace, {**params, **dims}, f"{contract.path}: workspace")

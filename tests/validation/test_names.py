@@ -39,3 +39,11 @@ def test_names_of_inputs_and_outputs_inside_the_pipeline_are_allowed(write_spec)
     spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + "\n      boxes: {atol: 0.5}"})
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_tolerance_for_a_pipeline_input_is_refused(write_spec):
+    """images is what the pipeline is given, not what any level compares."""
+    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + "\n      images: {atol: 0.5}"})
+    r = run_cli("build", str(spec), "--dry-run")
+    assert r.returncode == 2, r.stderr
+    assert "validation.tolerances.outputs.images: 'images' is not one of the tensors the levels compare" in r.stderr
