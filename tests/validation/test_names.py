@@ -34,11 +34,21 @@ def test_a_name_the_pipeline_does_not_have_is_exit_2_at_dry_run(write_spec, old,
     assert re.search(message, r.stderr, re.M), r.stderr
 
 
-def test_names_of_inputs_and_outputs_inside_the_pipeline_are_allowed(write_spec):
-    """A kernel's output (compared by the kernels level) may carry a tolerance."""
-    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + "\n      boxes: {atol: 0.5}"})
+def test_dense_outputs_inside_the_pipeline_may_carry_a_tolerance(write_spec):
+    """A segment's output (compared by the precision and engine levels) may, like output0 (the decode's)."""
+    head = "/model.22/cv2.0/cv2.0.2/Conv_output_0"
+    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + f"\n      {head}: {{atol: 0.5}}"})
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_tolerance_for_a_detection_output_is_refused_naming_the_detections_tolerances(write_spec):
+    """The nms's outputs are compared as one detection set at every level: atol/rtol would be ignored."""
+    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + "\n      boxes: {atol: 0.5}"})
+    r = run_cli("build", str(spec), "--dry-run")
+    assert r.returncode == 2, r.stderr
+    assert ("validation.tolerances.outputs.boxes: 'boxes' is compared as part of a detection set (num_dets, boxes, "
+            "scores, classes), where atol and rtol do not apply; allowed: validation.tolerances.detections") in r.stderr
 
 
 def test_a_tolerance_for_a_pipeline_input_is_refused(write_spec):
