@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -64,14 +65,15 @@ def read_npy(path: Path) -> np.ndarray:
     return _finite(array, str(path))
 
 
-def read_npz(path: Path) -> dict[str, np.ndarray]:
-    """A .npz file's arrays by name, every member read (and so checked) here."""
+def read_npz(path: Path, inputs: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """A .npz file's arrays by name, every member read (and so checked) here; those named in `inputs`
+    (all, without it) must be finite: another member the caller never feeds may hold anything."""
     try:
         with open_regular(path) as f, np.load(f, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except _ARRAY_ERRORS as e:
         raise RuntimeInputError(f"{path}: cannot read it as a .npz of arrays ({e}); {_ARRAYS_ALLOWED}") from None
-    return {k: _finite(a, f"{path}: array '{k}'") for k, a in arrays.items()}
+    return {k: _finite(a, f"{path}: array '{k}'") if inputs is None or k in inputs else a for k, a in arrays.items()}
 
 
 def _finite(array: np.ndarray, what: str) -> np.ndarray:

@@ -105,6 +105,10 @@ def test_arrays_with_nan_or_inf_are_refused_naming_the_file_array_and_first_inde
         read_npy(tmp_path / "bad.npy")
     with pytest.raises(RuntimeInputError, match=r"bad\.npz: array 'images': 2 of its 384 values are NaN"):
         read_npz(tmp_path / "bad.npz")
+    with pytest.raises(RuntimeInputError, match=r"bad\.npz: array 'images': 2 of its 384 values are NaN"):
+        read_npz(tmp_path / "bad.npz", {"images"})
+    # a member the caller does not feed may hold anything
+    np.testing.assert_array_equal(read_npz(tmp_path / "bad.npz", {"counts"})["images"], images)
 
 
 def test_a_16_bit_grey_image_keeps_its_high_byte_instead_of_saturating(tmp_path):

@@ -248,7 +248,7 @@ def _load_image(path: Path, inp: _Input, size: int) -> Feeds:
 
 def _load_sample(path: Path, inputs: list[_Input]) -> Feeds:
     # an .npy holds one array, not an archive; a file that is no array is exit 2 naming it
-    arrays = read_npz(path) if path.suffix == ".npz" else {inputs[0].name: read_npy(path)}
+    arrays = read_npz(path, {i.name for i in inputs}) if path.suffix == ".npz" else {inputs[0].name: read_npy(path)}
     feeds = {}
     for inp in inputs:
         if inp.name not in arrays:

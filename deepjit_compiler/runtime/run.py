@@ -149,7 +149,7 @@ def load_samples(paths: Sequence[str | Path], layout: Layout) -> list[Sample]:
             images = images or _Images(layout)
             samples.append(images.sample(path.name, read_image(path)[..., ::-1]))
         elif suffix == ".npz":
-            arrays = read_npz(path)
+            arrays = read_npz(path, by_name)
             missing = [n for n in by_name if n not in arrays]
             if missing:
                 raise RuntimeInputError(f"{path}: no array for input(s) {', '.join(missing)}; it has "

@@ -352,6 +352,10 @@ def test_nan_calibration_data_is_refused_naming_the_file_before_onnx_runtime_see
                                                 r"index \[0, 1, 2, 3\]\)"):
         apply_precision(conv_softmax_model(), "int8", calibration=settings)
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())  # nothing cached from it
+    (tmp_path / "a.npy").unlink()  # a member the segment is not fed may hold anything
+    np.savez(tmp_path / "a.npz", x=np.nan_to_num(a, nan=0.5), note=np.array([np.nan]))
+    q = apply_precision(conv_softmax_model(), "int8", calibration=settings)
+    assert any(n.op_type == "QuantizeLinear" for n in q.graph.node)
 
 
 def test_random_reader_is_seeded_and_in_range(tmp_path):

@@ -42,6 +42,19 @@ def test_unreadable_tensor_files_name_the_file(tmp_path, t4_layout):
             runbundle.load_samples([tmp_path / name], t4_layout)
 
 
+def test_nan_is_refused_in_an_array_the_pipeline_is_fed_and_ignored_in_one_it_is_not(tmp_path, t4_layout):
+    rng = np.random.default_rng(32)
+    images = rng.random((1, 3, 640, 640), dtype=np.float32)
+    np.savez(tmp_path / "extra.npz", images=images, meta=np.array([np.nan, 1.0]))
+    (s,) = runbundle.load_samples([tmp_path / "extra.npz"], t4_layout)
+    np.testing.assert_array_equal(s.feed["images"], images)
+    images[0, 2, 100, 200] = np.inf
+    np.savez(tmp_path / "bad.npz", images=images, meta=np.array([1.0]))
+    with pytest.raises(RuntimeInputError, match=r"bad\.npz: array 'images': 1 of its 1228800 values are NaN or "
+                                                r"infinite \(the first at index \[0, 2, 100, 200\]\)"):
+        runbundle.load_samples([tmp_path / "bad.npz"], t4_layout)
+
+
 def test_an_image_past_the_pixel_limit_is_a_clear_error(tmp_path, t4_layout, monkeypatch):
     image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
     image_mod.fromarray(np.random.default_rng(32).integers(0, 256, (48, 40, 3), dtype=np.uint8)).save(tmp_path / "b.png")
