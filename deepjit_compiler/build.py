@@ -108,9 +108,11 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     with times.stage("surgery"):
         plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
         warnings = check_kernel_params(loaded, plan)  # bad params are named before the boundaries read them
-        check_names(loaded, plan)
         # the segments hand kernels their tensors in the engine's dtype where the kernels read it
         result.plan = plan_at_precision(plan, spec.engine.precision, loaded.folder)
+        detections = declared_detections(((k.contract, k.params) for s in (*result.plan.sites, *result.plan.added)
+                                          for k in s.kernels), loaded.folder)
+        check_names(loaded, result.plan, detections)
         unchecked = check_launch_limits(loaded, result.plan)  # at the params the kernels are compiled with
     for warning in warnings:
         log.warning("%s", warning)
@@ -131,7 +133,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
             check_archive_replaceable(spec.bundle.path)
         check_report_folder(report_path(spec.bundle.path))
         (report_dir := stage / "report").mkdir()
-        _build(result, report_dir)
+        _build(result, report_dir, detections)
     if result.rejected is not None:
         raise GateFailed("accuracy gate failed; bundle written to " + str(result.bundle.path) + " with its report:\n  "
                          + "\n  ".join(result.report.failures()), result.report, result)
@@ -141,8 +143,9 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     return result
 
 
-def _build(result: BuildResult, report_dir: Path) -> None:
-    """The stages after surgery; the report's files are written to `report_dir` (a staging folder)."""
+def _build(result: BuildResult, report_dir: Path, detections) -> None:
+    """The stages after surgery; the report's files are written to `report_dir` (a staging folder).
+    `detections`: the detection outputs the plan's kernels declare, compared as sets."""
     loaded, resolved, plan, times = result.spec, result.model, result.plan, result.times
     spec = loaded.spec
     feeds = feeds_for(spec, plan.inputs)
@@ -150,8 +153,6 @@ def _build(result: BuildResult, report_dir: Path) -> None:
     with times.stage("graph"):
         report = GateReport().with_levels(_graph(cache, times, plan, plan_digest, resolved, feeds))
     with times.stage("precision"):
-        detections = declared_detections(((k.contract, k.params) for s in (*plan.sites, *plan.added)
-                                          for k in s.kernels), loaded.folder)
         segments, precision_level = _precision(cache, times, spec, plan, plan_digest, resolved, feeds, report_dir,
                                                detections)
         report = report.with_levels(precision_level)

@@ -4,22 +4,20 @@ replace."""
 from __future__ import annotations
 
 from ..errors import SpecError, closest
-from ..jit.contracts import declared_detections
 
 
-def check_names(loaded, plan) -> None:
+def check_names(loaded, plan, detections) -> None:
     """SpecError naming the field of the first `validation.data.random.ranges` entry that random data
     does not feed (it feeds the pipeline's inputs, and an engine segment's for the engine level and
     int8 calibration), or the first `tolerances` / `precision_tolerances` output that no level
     compares (every step's outputs are compared by some level) or that is compared as part of a
-    detection set (the `detections` tolerances judge those)."""
+    detection set (the `detections` tolerances judge those; `detections`: the kernels' declared groups)."""
     validation, where = loaded.spec.validation, loaded.path
     fed = {t.name: None for t in (*plan.inputs, *(t for s in plan.segments for t in s.inputs))}
     compared = {t.name: None for t in (*(t for s in plan.steps for t in s.outputs), *plan.outputs)}
     random = validation.data.random
     _check(where, "validation.data.random.ranges", random.ranges if random else {}, fed, "random data feeds")
-    kernels = ((k.contract, k.params) for s in (*plan.sites, *plan.added) for k in s.kernels)
-    as_sets = {n: g for g in declared_detections(kernels, loaded.folder) for n in g.names}
+    as_sets = {n: g for g in detections for n in g.names}
     for field in ("tolerances", "precision_tolerances"):
         outputs = getattr(validation, field).outputs
         _check(where, f"validation.{field}.outputs", outputs, compared, "the levels compare")
