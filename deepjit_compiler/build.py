@@ -19,7 +19,7 @@ import onnx
 from .bundle.contents import bundle_files, bundle_manifest
 from .bundle.folder import StagedBundle, check_archive_replaceable, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
-from .errors import GateFailed, KernelError, RuntimeInputError, SpecError
+from .errors import GateFailed, KernelError, RuntimeInputError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
 from .graph.serialize import model_bytes
 from .jit.contracts import declared_detections, load_contract, resolve_params
@@ -28,7 +28,7 @@ from .jit.geometry import check_launch
 from .jit.nvrtc import compile_site_kernels
 from .jit.thresholds import check_thresholds
 from .log import StageTimes
-from .model.source import ResolvedModel, check_inputs, resolve_model
+from .model.source import ResolvedModel, check_inputs, check_stage_inputs, resolve_model
 from .precision.boundaries import plan_at_precision
 from .precision.calibration import CalibrationSettings
 from .runtime.layout import Layout
@@ -107,6 +107,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     result = BuildResult(loaded, resolved, times=times)
     with times.stage("surgery"):
         plan = plan_from_model(resolved.model, spec.cuts, spec_dir=loaded.folder)
+        check_stage_inputs(loaded, plan)
         warnings = check_kernel_params(loaded, plan)  # bad params are named before the boundaries read them
         # the segments hand kernels their tensors in the engine's dtype where the kernels read it
         result.plan = plan_at_precision(plan, spec.engine.precision, loaded.folder)
@@ -217,11 +218,6 @@ def check_launch_limits(loaded: LoadedSpec, plan) -> list[str]:
     and max) within CUDA's limits for the target (jit/geometry.py), so a contract's grid, block or
     shared_mem that no target GPU launches is named here rather than by the driver on the GPU. Returns
     a note for each kernel whose input shapes only its engine tells: the runtime checks those at load."""
-    for t in plan.inputs:  # an input a stage added before the model brings (letterbox's raw_images) must be described
-        if t.name not in loaded.spec.inputs and not all(isinstance(d, int) for d in t.shape):
-            raise SpecError(f"{loaded.path}: inputs.{t.name}: the pipeline takes '{t.name}' {list(t.shape)} (a stage "
-                            f"added before the model reads it) and `inputs` does not describe it; allowed: describe "
-                            f"every pipeline input (shape, dtype, profile) so its symbolic dims have sizes")
     layout, target = Layout.from_plan(plan, loaded.spec, loaded.folder), loaded.spec.target
     label = f"the target sm_{target.resolved_sm}" + (f" ({target.gpu})" if target.gpu else "")
     checked = set()

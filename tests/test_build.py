@@ -455,4 +455,37 @@ def test_an_undescribed_input_of_a_stage_added_before_the_model_is_exit_2(write_
     spec = _spec(write_spec, **variant)
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert f"{spec}: inputs.raw_images: the pipeline takes 'raw_images' ['batch', 'height', 'width', 3]" in r.stderr
+    assert f"{spec}: inputs.raw_images: the pipeline takes 'raw_images' ['batch', 'height', 'width', 3] (stage " \
+           "'letterbox' added before the model reads it) and `inputs` does not describe it" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("dtype: uint8", "dtype: float32", "inputs.raw_images.dtype: 'raw_images' (what stage 'letterbox', added before "
+                                       "the model, reads) is uint8, the spec says float32"),
+    (", 3]", ", 4]", "inputs.raw_images: dim 3 is fixed to 3 in 'raw_images' (what stage 'letterbox', added before "
+                     "the model, reads), the spec's shape/profile allows 4"),
+    (", 3]", "]", "inputs.raw_images.shape: 'raw_images' (what stage 'letterbox', added before the model, reads) has "
+                  "rank 4 ['batch', 'height', 'width', 3]"),
+])
+def test_a_stage_input_described_unlike_what_the_stage_reads_is_exit_2(write_spec, old, new, message):
+    """raw_images described as float32 frames was accepted (the letterbox kernel reads uint8 bytes), and a
+    wrong channel count was named only by the launch check, in the kernel's words."""
+    variant = letterbox_variant()
+    variant["inputs:\n  images:"] = variant["inputs:\n  images:"].replace(old, new)
+    spec = _spec(write_spec, **variant)
+    r = run_cli("build", str(spec), "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{spec}: {message}" in r.stderr, r.stderr
+
+
+def test_an_input_neither_the_pipeline_nor_its_model_takes_is_exit_2(write_spec):
+    """With a stage added before the model, `inputs` describes both the pipeline's input and the model's
+    input it replaces; any other name (a misspelling) was silently ignored."""
+    variant = letterbox_variant()
+    variant["inputs:\n  images:"] = variant["inputs:\n  images:"].replace(
+        "  images:", "  raw_image:\n    shape: [1, 480, 640, 3]\n    dtype: uint8\n  images:")
+    spec = _spec(write_spec, **variant)
+    r = run_cli("build", str(spec), "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{spec}: inputs.raw_image: neither the pipeline nor its model takes 'raw_image' (did you mean " \
+           "'raw_images'?); allowed: raw_images, images" in r.stderr, r.stderr

@@ -79,22 +79,49 @@ def check_inputs(loaded: LoadedSpec, model: onnx.ModelProto) -> None:
                 continue
             raise SpecError(f"{where}: inputs.{name}: the model has no input '{name}'{closest(name, graph_inputs)}; "
                             f"model inputs: {', '.join(graph_inputs)}")
-        have = tensor_info(graph_inputs[name])
-        if have.dtype != want.dtype:
-            raise SpecError(f"{where}: inputs.{name}.dtype: the model's '{name}' is {have.dtype}, "
-                            f"the spec says {want.dtype}")
-        dims = list(have.shape or ())
-        if len(dims) != len(want.shape):
-            raise SpecError(f"{where}: inputs.{name}.shape: the model's '{name}' has rank {len(dims)} {dims}, "
-                            f"the spec gives {want.shape}")
-        for i, (m, s) in enumerate(zip(dims, want.max_shape)):
-            if isinstance(m, int) and m > 0 and m != s:
-                raise SpecError(f"{where}: inputs.{name}: dim {i} is fixed to {m} in the model, "
-                                f"the spec's shape/profile allows {s}")
+        _check_described(where, name, tensor_info(graph_inputs[name]), want, f"the model's '{name}'")
     missing = [n for n in graph_inputs if n not in spec.inputs and n not in replaced]
     if missing:
         raise SpecError(f"{where}: inputs: the model also needs {missing}; describe every model input")
     check_input_sizes(loaded, model, [n for n in spec.inputs if n in graph_inputs])
+
+
+def check_stage_inputs(loaded: LoadedSpec, plan) -> None:
+    """After the surgery: an input a stage added before the model brings (letterbox's raw_images) is
+    described in `inputs` like a model input (its dtype, rank and fixed dims; a symbolic dim needs the
+    profile's sizes), and every name in `inputs` is one the pipeline or its model takes."""
+    spec, where = loaded.spec, loaded.path
+    added = {t.name: (t, s.name) for s in plan.added if s.position == "before" for t in s.inputs}
+    for name, (have, stage) in added.items():
+        if name in spec.inputs:
+            _check_described(where, name, have, spec.inputs[name],
+                             f"'{name}' (what stage '{stage}', added before the model, reads)")
+        elif have.shape is None or not all(isinstance(d, int) for d in have.shape):
+            raise SpecError(f"{where}: inputs.{name}: the pipeline takes '{name}' {list(have.shape or ())} (stage "
+                            f"'{stage}' added before the model reads it) and `inputs` does not describe it; allowed: "
+                            f"describe every pipeline input (shape, dtype, profile) so its symbolic dims have sizes")
+    known = [*(t.name for t in plan.inputs), *(c.at for c in spec.cuts if c.add == "before")]
+    for name in spec.inputs:
+        if name not in known:
+            raise SpecError(f"{where}: inputs.{name}: neither the pipeline nor its model takes '{name}'"
+                            f"{closest(name, known)}; allowed: {', '.join(known)}")
+
+
+def _check_described(where: Path, name: str, have, want, what: str) -> None:
+    """The spec's description of an input against the tensor it feeds (`what` names it): dtype, rank and
+    fixed dims."""
+    if have.dtype != want.dtype:
+        raise SpecError(f"{where}: inputs.{name}.dtype: {what} is {have.dtype}, the spec says {want.dtype}")
+    if have.shape is None:  # rank unknown: the first run tells
+        return
+    dims = list(have.shape)
+    if len(dims) != len(want.shape):
+        raise SpecError(f"{where}: inputs.{name}.shape: {what} has rank {len(dims)} {dims}, "
+                        f"the spec gives {want.shape}")
+    for i, (m, s) in enumerate(zip(dims, want.max_shape)):
+        if isinstance(m, int) and m > 0 and m != s:
+            raise SpecError(f"{where}: inputs.{name}: dim {i} is fixed to {m} in {what}, "
+                            f"the spec's shape/profile allows {s}")
 
 
 def check_input_sizes(loaded: LoadedSpec, model: onnx.ModelProto, names: list[str]) -> None:
