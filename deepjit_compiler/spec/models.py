@@ -365,10 +365,11 @@ class Validation(_Model):
     seed: int = 0
     batch: int = Field(2, ge=1, description="batch size of the random samples (clamped to the profile)")
     data: Data = Data(random=RandomData())
-    tolerances: Tolerances = Field(EXACT_TOLERANCES, description="kernels, end_to_end and engine levels")
+    tolerances: Tolerances = Field(EXACT_TOLERANCES, description="kernels and engine levels, and end_to_end with an "
+                                   "fp32 engine")
     precision_tolerances: Tolerances = Field(
-        LOSSY_TOLERANCES, description="the precision level (the rewritten engine segments against fp32), and the "
-        "GPU levels when the engine is not fp32")
+        LOSSY_TOLERANCES, description="the precision level (the rewritten engine segments against fp32), and "
+        "end_to_end when the engine is not fp32")
     gate: bool = True
 
     @model_validator(mode="before")
