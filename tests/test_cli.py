@@ -275,3 +275,13 @@ def test_a_path_with_a_name_too_long_is_bad_input_not_a_bug(tmp_path, t4_build):
         assert f"error: {long}: a name in this path is longer than the file system allows" in r.stderr, r.stderr
         if "--json" in args:
             assert json.loads(r.stdout)["error"]["exit_code"] == 2
+
+
+@pytest.mark.parametrize("name, text", [("m.json", '{"irVersion": "x"}'), ("m.textproto", "garbage {"),
+                                        ("m.onnxtxt", "garbage")])
+def test_a_model_in_onnx_text_or_json_format_that_does_not_parse_exits_2(tmp_path, name, text):
+    """onnx.load reads .json, .textproto and .onnxtxt as those formats; their parse errors were exit 3."""
+    (tmp_path / name).write_text(text)
+    r = run_cli("inspect", str(tmp_path / name))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: {tmp_path / name}: not a readable ONNX model (ParseError: " in r.stderr, r.stderr

@@ -15,12 +15,16 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 import onnx
+from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
+from onnx import parser as onnx_parser
 from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_model, uses_external_data
 
 from ..errors import ModelError
 from ..graph.tensors import TensorSig
 
+# onnx.load reads a .json, .textproto or .onnxtxt file as that format, whose parsers raise these.
+_TEXT_ERRORS = (json_format.ParseError, text_format.ParseError, onnx_parser.ParseError)
 log = logging.getLogger("deepjit.modelinfo")
 
 UNKNOWN_DIM = "?"  # a dim with neither a value nor a name
@@ -106,7 +110,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
             load_external_data_for_model(model, str(path.parent))
     except ModelError:
         raise
-    except (DecodeError, ValueError, RuntimeError, OSError, onnx.checker.ValidationError) as e:
+    except (DecodeError, *_TEXT_ERRORS, ValueError, RuntimeError, OSError, onnx.checker.ValidationError) as e:
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
     # Protobuf parses some non-ONNX bytes (an empty file, for one) as an empty message.
     if model.ir_version <= 0 or not model.HasField("graph"):
