@@ -91,6 +91,16 @@ def test_model_synth_refuses_to_overwrite(tmp_path):
     assert onnx.load(str(out)).graph.output[0].name == "output0"
 
 
+@pytest.mark.parametrize("name, fmt", [("m.json", "json"), ("m.textproto", "textproto"), ("m.onnxtxt", "onnxtxt")])
+def test_model_synth_refuses_a_name_onnx_reads_as_another_format(tmp_path, name, fmt):
+    """It wrote binary ONNX there, which `inspect` and `build` then refused as unreadable."""
+    r = run_cli("model", "synth", "yolov8n", "-o", str(tmp_path / name))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert (f"error: {tmp_path / name}: onnx reads a '{name[1:]}' file as its {fmt} format, and DeepJIT writes "
+            "the binary one: name the file .onnx") in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_missing_model_without_synthesize_exits_2(write_spec):
     path = write_spec({"  synthesize: yolov8s": "  # no synthesize"})
     r = run_cli("build", str(path))

@@ -128,9 +128,19 @@ def synthesize_yolov8(variant: str, *, seed: int = 0, dynamic: bool = False, hea
     return model
 
 
+def _check_binary_name(path: Path) -> None:
+    """ModelError unless onnx.load reads `path` as binary protobuf, which is what is written: it picks a
+    text format by the file's extension (.json, .textproto, .onnxtxt), and would refuse the file."""
+    fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix)
+    if fmt not in (None, "protobuf"):
+        raise ModelError(f"{path}: onnx reads a '{path.suffix}' file as its {fmt} format, and DeepJIT writes the "
+                         "binary one: name the file .onnx")
+
+
 def write_synthetic(variant: str, path: str | os.PathLike, **kw) -> Path:
     """synthesize_yolov8(variant, **kw) saved to path atomically (parents created); returns path."""
     path = Path(path)
+    _check_binary_name(path)
     data = synthesize_yolov8(variant, **kw).SerializeToString()
     atomic_write(path, data)
     log.info("wrote synthetic %s to %s (%d bytes)", variant, path, len(data))
