@@ -17,7 +17,7 @@ from .bundle.folder import read_bundle
 from .bundle.view import BundleView
 from .engines import TENSORRT, TENSORRT_RTX
 from .engines.tensorrt import parse_network
-from .errors import DeepJITError
+from .errors import BundleError, DeepJITError
 from .graph.serialize import model_bytes
 from .model.info import describe_model, load_model
 from .spec.models import LEVELS
@@ -119,6 +119,9 @@ class Inspection:
 def inspect_target(target: Path, *, suggest_cuts: bool = False) -> Inspection:
     """A bundle (folder with manifest.json, or .tar.gz) or an ONNX model."""
     if target.is_dir() or target.name.endswith(".tar.gz"):  # a folder can only be a bundle
+        if suggest_cuts:  # a bundle's steps are cut already, and it may not carry the model
+            raise BundleError(f"{target}: --suggest-cuts finds cuts in an ONNX model, and this is a bundle: give "
+                              "the model it was built from")
         data = describe(read_bundle(target))
         return Inspection(data, _render_bundle(data))
 

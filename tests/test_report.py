@@ -90,3 +90,13 @@ def test_store_and_manifest_strings_print_as_text_not_markup():
 
     text = format_store("file://st", [Entry("v1", "sha256:" + "a" * 64, "[/x]evil[red]name", 1234, {"graph": "passed"})])
     assert "[/x]evil[red]name" in text and "graph passed" in text
+
+
+def test_suggest_cuts_on_a_bundle_is_refused_naming_what_it_reads(t4_build):
+    """The option was ignored: the bundle printed, exit 0, and no cuts suggested."""
+    bundle = t4_build.bundle.path
+    r = run_cli("inspect", str(bundle), "--suggest-cuts", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    message = (f"{bundle}: --suggest-cuts finds cuts in an ONNX model, and this is a bundle: give the model "
+               "it was built from")
+    assert f"error: {message}" in r.stderr and json.loads(r.stdout)["error"]["message"] == message
