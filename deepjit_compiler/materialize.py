@@ -11,7 +11,7 @@ from .bundle.contents import engine_path
 from .bundle.folder import BundleInfo, read_bundle, update_bundle
 from .bundle.view import BundleView
 from .engines import TENSORRT, materialize
-from .errors import BundleError
+from .errors import BundleError, OutputError
 from .validation.engine import plans_level
 from .validation.gate import GateReport
 
@@ -29,8 +29,17 @@ def _settings(view: BundleView) -> dict:
     return {**settings, "timing_cache": None}
 
 
+def _check_timing_cache(path: Path | None) -> None:
+    """TensorRT reads the timing cache and it is replaced whole after the build: a path there that is no
+    file (a folder, a FIFO the read would wait on) is refused before minutes of building."""
+    if path is not None and (path.exists() or path.is_symlink()) and not path.is_file():
+        raise OutputError(f"--timing-cache {path}: is not a file; give TensorRT's timing cache file (it is "
+                          "created if missing)")
+
+
 def materialize_bundle(bundle_path: Path, *, timing_cache: Path | None = None,
                        data: Path | None = None) -> tuple[BundleInfo, GateReport]:
+    _check_timing_cache(timing_cache)
     view = read_bundle(bundle_path)
     spec = view.spec(data)  # its validation data is refused or named before minutes of plan building
     engine = view.engine

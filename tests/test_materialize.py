@@ -3,6 +3,7 @@ TensorRT-RTX plans; what it refuses. Building needs TensorRT and the target GPU 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -11,7 +12,7 @@ import deepjit_compiler.materialize as materialize_module
 from deepjit_compiler.bundle.folder import read_bundle, update_bundle
 from deepjit_compiler.bundle.manifest import manifest_bytes, manifest_digest
 from deepjit_compiler.engines import rtx_sms, tensorrt_importable
-from deepjit_compiler.errors import BundleError, MissingDependency
+from deepjit_compiler.errors import BundleError, MissingDependency, OutputError
 from deepjit_compiler.materialize import materialize_bundle
 
 
@@ -65,3 +66,13 @@ def test_a_bundle_never_chooses_where_the_timing_cache_is_written(bundle, tmp_pa
         materialize_bundle(bundle, timing_cache=mine and tmp_path / mine)
     assert seen == {"settings": None, "argument": mine and tmp_path / mine}
     assert "ignoring its engine.settings.timing_cache" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_timing_cache_that_is_not_a_file_is_refused_before_any_build(bundle, tmp_path, kind):
+    """It was found only by TensorRT, after the bundle was read (a FIFO would block its read)."""
+    cache = tmp_path / "cache"
+    cache.mkdir() if kind == "folder" else os.mkfifo(cache)
+    with pytest.raises(OutputError, match=f"^--timing-cache {cache}: is not a file; give TensorRT's timing cache "
+                                          r"file \(it is created if missing\)$"):
+        materialize_bundle(bundle, timing_cache=cache)
