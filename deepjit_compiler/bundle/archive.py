@@ -155,6 +155,8 @@ def _extract_into(tar: tarfile.TarFile, root: Path, label: str, max_bytes: int) 
     names = _Names(label)
     total = 0
     for member in tar:
+        if member.isdir() and member.name.rstrip("/") == ".":  # the folder itself, as `tar -C folder .` names it
+            continue
         rel = _member_path(label, member.name)
         total += max(member.size, 0)
         if total > max_bytes:  # before a byte of it is inflated: a gzip bomb stops here

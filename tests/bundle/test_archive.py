@@ -101,6 +101,16 @@ def test_safe_extract_round_trip(tmp_path):
     assert _read_tree(tmp_path / "y") == files
 
 
+def test_safe_extract_takes_an_archive_made_by_tar_of_the_folders_dot(tmp_path):
+    """`tar czf b.tar.gz -C bundle .` names the folder itself '.'; it was refused as "an empty name"."""
+    files = _contents(16)
+    _write_tree(tmp_path / "t", files, reverse=False, seed=17)
+    with tarfile.open(tmp_path / "t.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "t", arcname=".")
+    assert safe_extract(tmp_path / "t.tar.gz", tmp_path / "x") == sorted(files)
+    assert _read_tree(tmp_path / "x") == files
+
+
 def _crafted(members: list[tuple[str, bytes, str]]) -> bytes:
     """A tar.gz with (name, type, linkname-or-data) members, as an attacker would make it."""
     buf = io.BytesIO()
