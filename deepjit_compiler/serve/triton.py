@@ -146,6 +146,8 @@ def _with_max_batch(layout: Layout, options: TritonOptions, name: str) -> Triton
         max_batch = layout.max_batch
         field = next(f"manifest inputs.{shown(i.name)}.max[0]" for i in layout.inputs if i.max[0] == max_batch)
         _count(max_batch, f"{field} (the profile's max batch)", INT32_MAX, "; pass a smaller --max-batch")
+    elif isinstance(options.max_batch, int) and options.max_batch < 1:
+        max_batch = options.max_batch  # refused below naming the bundle's batches (the field's 0.. would not)
     else:
         max_batch = _count(options.max_batch, "--max-batch", INT32_MAX)
     if not 1 <= max_batch <= layout.max_batch:

@@ -147,6 +147,7 @@ def test_a_users_folder_is_refused(real_bundles, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--max-batch", "3"], "--max-batch 3: this bundle takes batches 1..2 (its profile)"),
     (["--max-batch", "0"], "--max-batch 0: this bundle takes batches 1..2"),
+    (["--max-batch", "-1"], "--max-batch -1: this bundle takes batches 1..2 (its profile)"),  # was "from 0 to ..."
     (["--name", "../up"], "--name '../up': a Triton model name here is 1 to 200 letters, digits"),
     (["--name", "m" * 201], f"--name '{'m' * 201}': a Triton model name here is 1 to 200 letters, digits"),
     (["--kind", "cpu", "--gpus", "0"], "--gpus 0: distinct GPU numbers (0, 1, ... up to 2147483647), and only with --kind gpu"),
