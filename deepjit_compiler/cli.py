@@ -81,10 +81,14 @@ def working(as_json: bool = False) -> Iterator[None]:
 
 
 def _user_error(e: Exception) -> DeepJITError | None:
-    """An OSError that is bad input rather than a bug: a name in a path the user gave is too long."""
+    """An OSError that is bad input or a full disk rather than a bug: a name in a path the user gave is
+    too long, or the disk (stdout's too: `> /dev/full`) has no room for what is written."""
     if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
         return OutputError(f"{e.filename or 'a path'}: a name in this path is longer than the file system "
                            "allows (255 bytes a name on most)")
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutputError(f"{e.filename or 'writing the output'}: {e.strerror}; free some space (or quota) "
+                           "and run it again")
     return None
 
 
@@ -360,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0
-    except Exception:
+    except Exception as e:
+        if (error := _user_error(e)) is not None:  # one that came outside `working` (printing the result)
+            click.echo(printable(f"error: {error}"), err=True)
+            return error.exit_code
         traceback.print_exc()
         click.echo("error: internal error in DeepJIT (a bug): please report the traceback above", err=True)
         return 3

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -285,6 +286,17 @@ def test_a_path_with_a_name_too_long_is_bad_input_not_a_bug(tmp_path, t4_build):
         assert f"error: {long}: a name in this path is longer than the file system allows" in r.stderr, r.stderr
         if "--json" in args:
             assert json.loads(r.stdout)["error"]["exit_code"] == 2
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device every write to fails, ENOSPC)")
+def test_a_full_disk_under_stdout_is_named_not_reported_as_a_bug():
+    """`deepjit schema > /dev/full`: ENOSPC writing the result was exit 3, 'internal error ... a bug'."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "deepjit_compiler.cli", "schema"], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "a bug" not in r.stderr, r.stderr
+    assert "error: writing the output: No space left on device; free some space (or quota) and run it again" \
+        in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("name, text", [("m.json", '{"irVersion": "x"}'), ("m.textproto", "garbage {"),
