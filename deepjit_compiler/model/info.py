@@ -90,8 +90,10 @@ def external_data(model: onnx.ModelProto, path: Path) -> tuple[str, ...]:
         if not loc or PurePosixPath(loc).is_absolute() or ".." in parts or "\\" in loc:
             raise ModelError(f"{path}: its external data location '{loc}' is outside the model's folder; "
                              "external data must sit beside the .onnx file")
-        if not (path.parent / loc).is_file():
-            raise ModelError(f"{path}: its weights are stored in '{loc}', which is missing from {path.parent}: "
+        where = path.parent / loc
+        if not where.is_file():
+            state = "is not a file in" if where.exists() else "is missing from"
+            raise ModelError(f"{path}: its weights are stored in '{loc}', which {state} {path.parent}: "
                              "copy it beside the model (ONNX external data)")
     return tuple(sorted(locations))
 

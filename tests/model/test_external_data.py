@@ -38,6 +38,16 @@ def test_a_missing_weights_file_is_named(tmp_path):
         assert r.returncode == 2 and "tiny.onnx.data" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_folder_where_the_weights_file_should_be_is_named_as_such(tmp_path):
+    """A folder at the weights' location: the message said the file 'is missing', though something is there."""
+    path = external_detector(tmp_path)
+    (tmp_path / "tiny.onnx.data").unlink()
+    (tmp_path / "tiny.onnx.data").mkdir()
+    with pytest.raises(ModelError, match=f"its weights are stored in 'tiny.onnx.data', which is not a file in {tmp_path}: "
+                                         "copy it beside the model"):
+        load_model(path)
+
+
 def test_weights_outside_the_models_folder_are_refused(tmp_path):
     (tmp_path / "m").mkdir()
     model = tiny_detector()
