@@ -28,6 +28,7 @@ from ..images import IMAGE_SUFFIXES, read_image, read_npy, read_npz
 from ..jit.contracts import image_channels
 from ..surgery.references import letterbox_numpy
 from .cpu import CpuPipeline
+from .launch import letterbox_geometry
 from .layout import Layout
 from .pipeline import Pipeline
 
@@ -110,9 +111,22 @@ class _Images:
         if self.gpu is not None:
             raw = bgr if self.gpu.channels == "bgr" else bgr[..., ::-1]
             return Sample(source, {self.input.name: np.ascontiguousarray(raw[None])}, (h, w))
+        _check_letterboxable(source, h, w, self.size)
         boxed = letterbox_numpy(bgr[None], size=self.size, dtype=self.input.dtype, swap_rb=True)
         r, left, top = (float(v) for v in boxed["ratio_pad"][0])
         return Sample(source, {self.input.name: boxed["images"]}, (h, w), (r, left, top))
+
+
+def _check_letterboxable(source: str, h: int, w: int, size: int) -> None:
+    """Refuse an image the host letterbox cannot place: one with a side of 0 pixels, or so thin that its
+    short side scales to under half a pixel (1 x 1300 into 640); its resize would divide by zero."""
+    if h < 1 or w < 1:
+        raise RuntimeInputError(f"{source}: a {w}x{h} image has no pixels; allowed: at least 1x1")
+    fit = letterbox_geometry(h, w, size)  # the letterbox's own sizes (docs/semantics.md)
+    if fit.new_w < 1 or fit.new_h < 1:
+        raise RuntimeInputError(f"{source}: a {w}x{h} image has no pixel left in the {size}x{size} letterbox "
+                                f"(it scales to {fit.new_w}x{fit.new_h}); allowed: a long side under {2 * size} "
+                                "times the short side")
 
 
 def _is_image_array(arr: np.ndarray, inp: InputView, gpu_letterbox: bool) -> bool:
