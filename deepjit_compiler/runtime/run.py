@@ -183,6 +183,9 @@ def load_samples(paths: Sequence[str | Path], layout: Layout) -> list[Sample]:
             if _is_image_array(arr, inp, image_stage(layout) is not None):
                 images = images or _Images(layout)
                 batch = arr if arr.ndim == 4 else arr[None]
+                if len(batch) == 0:  # nothing to run: a mistake, not an empty result (as in _rows)
+                    raise RuntimeInputError(f"{path.name}: array of images [N, H, W, 3] has no images "
+                                            f"(shape {arr.shape})")
                 samples += [images.sample(f"{path.name}[{i}]" if arr.ndim == 4 else path.name, img)
                             for i, img in enumerate(batch)]
                 continue

@@ -83,3 +83,11 @@ def test_an_image_the_host_letterbox_leaves_no_pixel_of_is_refused_naming_it(tmp
     r = run_cli("run", str(t4_build.bundle.path), "-i", str(tmp_path / "thin.npy"), "--device", "cpu")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert re.search(rf"error: thin\.npy: {says}", r.stderr), r.stderr
+
+
+def test_an_array_of_no_images_is_refused(tmp_path, t4_layout):
+    """A uint8 [0, H, W, 3] array ran nothing: exit 0 with no results."""
+    np.save(tmp_path / "none.npy", np.zeros((0, 48, 64, 3), np.uint8))
+    with pytest.raises(RuntimeInputError, match=r"none\.npy: array of images \[N, H, W, 3\] has no images "
+                                                r"\(shape \(0, 48, 64, 3\)\)"):
+        runbundle.load_samples([tmp_path / "none.npy"], t4_layout)
