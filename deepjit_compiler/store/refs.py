@@ -140,6 +140,11 @@ def redact(text: str) -> str:
     return _USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
 
 
+def _tag_and_digest(ref: str) -> StoreError:
+    return StoreError(f"reference '{ref}' names a tag and a digest: give one (the digest pins the bundle exactly, "
+                      "a tag may move)")
+
+
 def parse_ref(ref: str, *, default_store: str | None = None) -> Ref:
     """Parse a reference (see the module docstring) into Ref(store, tag, digest). `store` is
     normalised: `file://` + an absolute path, or `oci://HOST[:PORT]/REPO`. Credentials inside a
@@ -153,14 +158,15 @@ def parse_ref(ref: str, *, default_store: str | None = None) -> Ref:
         rest, digest = _split_digest(ref, ref)
         if rest and (("/" in rest) or ":" in rest):
             raise StoreError(f"reference '{ref}' has no scheme; expected {_FORMS}")
+        if rest and digest:  # `tag@digest`: push used the tag, pull the digest
+            raise _tag_and_digest(ref)
         tag = check_tag(rest) if rest else None
         base = parse_ref(default_store or default_store_url())
         return Ref(base.store, tag, digest)
     scheme, rest = ref.split("://", 1)
     rest, digest = _split_digest(rest, ref)
     if digest and ":" in rest.rsplit("/", 1)[-1]:  # `store:tag@digest` (read as a store `s:t`, it was `s`)
-        raise StoreError(f"reference '{ref}' names a tag and a digest: give one (the digest pins the bundle "
-                         "exactly, a tag may move)")
+        raise _tag_and_digest(ref)
     if scheme == "file":
         path, tag = _split_tag(rest, ref) if not digest else (rest, None)
         if not path:

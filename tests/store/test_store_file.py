@@ -72,6 +72,7 @@ def test_relative_and_bare_refs(tmp_path, monkeypatch):
     ("oci://h:1/r@sha256:xyz", "is not a digest"),
     (f"oci://h:1/r:v1@sha256:{HEX}", "names a tag and a digest: give one"),
     (f"file:///srv/store:v1@sha256:{HEX}", "names a tag and a digest: give one"),
+    (f"v1@sha256:{HEX}", "names a tag and a digest: give one"),  # the digest was ignored by push
 ])
 def test_parse_ref_refuses(text, message):
     with pytest.raises(StoreError, match=message):
