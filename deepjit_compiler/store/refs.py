@@ -171,6 +171,9 @@ def parse_ref(ref: str, *, default_store: str | None = None) -> Ref:
         path, tag = _split_tag(rest, ref) if not digest else (rest, None)
         if not path:
             raise StoreError(f"reference '{ref}' names no folder; expected file://PATH[:TAG]")
+        if ":" in Path(path).name:  # `run:3` in `file://run:3:v1` would be read as store `run`, tag `3` again
+            raise StoreError(f"reference '{ref}': the store folder '{Path(path).name}' holds ':', which a "
+                             "reference reads as the start of a tag; allowed: a store folder name without ':'")
         store = "file://" + str(Path(path).expanduser().absolute())
     elif scheme == "oci":
         if "/" not in rest:

@@ -399,3 +399,14 @@ def test_pulling_into_the_current_folder_is_refused_naming_it(tmp_path, monkeypa
     r = run_cli("pull", f"file://{tmp_path}/store:v1", dest)
     assert r.returncode == 2 and f"{dest or '.'}: is the current folder or holds it; refusing" in r.stderr, r.stderr
     assert list(here.iterdir()) == [] and [p.name for p in here.parent.iterdir()] == ["in"]
+
+
+def test_a_store_folder_whose_name_holds_a_colon_is_refused(tmp_path):
+    """`file://DIR/run:3:v1` read as the store `run:3`, tag v1, but was pushed to the store `run`, tag v1
+    (opening the store read ':3' as a tag again): a folder that no reference names."""
+    info = make_bundle(tmp_path / "b", 41)
+    r = run_cli("push", str(info.path), f"file://{tmp_path}/run:3:v1")
+    assert r.returncode == 2, r.stderr
+    assert (f"error: reference 'file://{tmp_path}/run:3:v1': the store folder 'run:3' holds ':', which a reference "
+            "reads as the start of a tag; allowed: a store folder name without ':'") in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.tar.gz"]  # no store written
