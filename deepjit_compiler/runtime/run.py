@@ -28,6 +28,7 @@ from ..images import IMAGE_SUFFIXES, read_image, read_npy, read_npz
 from ..jit.contracts import image_channels
 from ..surgery.references import letterbox_numpy
 from .cpu import CpuPipeline
+from .inputs import check_feeds
 from .launch import letterbox_geometry
 from .layout import Layout
 from .pipeline import Pipeline
@@ -192,7 +193,18 @@ def load_samples(paths: Sequence[str | Path], layout: Layout) -> list[Sample]:
             rows = _rows(inp.name, arr, inp, path.name)
             samples += [Sample(f"{path.name}[{i}]" if arr.ndim == len(inp.shape) else path.name,
                                {inp.name: rows[i:i + 1]}) for i in range(len(rows))]
+    _check_each(samples, layout)
     return samples
+
+
+def _check_each(samples: Sequence[Sample], layout: Layout) -> None:
+    """Every sample's dtype and dims against the pipeline's inputs, before anything runs: the pipeline's
+    own check sees a batch of several files' rows and cannot say which file is wrong."""
+    for s in samples:
+        try:
+            check_feeds(layout.inputs, s.feed, 1, layout.max_batch, layout.buckets)  # batch 1: batched later
+        except RuntimeInputError as e:
+            raise RuntimeInputError(f"{s.source}: {e}") from None
 
 
 def batches(samples: Sequence[Sample], max_batch: int) -> list[list[Sample]]:

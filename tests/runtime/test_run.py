@@ -91,3 +91,19 @@ def test_an_array_of_no_images_is_refused(tmp_path, t4_layout):
     with pytest.raises(RuntimeInputError, match=r"none\.npy: array of images \[N, H, W, 3\] has no images "
                                                 r"\(shape \(0, 48, 64, 3\)\)"):
         runbundle.load_samples([tmp_path / "none.npy"], t4_layout)
+
+
+def test_an_input_file_of_the_wrong_dtype_or_size_is_named_before_anything_runs(tmp_path, t4_build):
+    """The pipeline's check of a batch named only the input: which file of a folder was wrong went unsaid."""
+    rng = np.random.default_rng(34)
+    np.save(tmp_path / "a.npy", rng.random((1, 3, 640, 640), dtype=np.float32))
+    np.save(tmp_path / "b.npy", rng.random((3, 640, 640)))  # float64
+    np.save(tmp_path / "c.npy", rng.random((2, 3, 320, 640), dtype=np.float32))
+    r = run_cli("run", str(t4_build.bundle.path), "-i", str(tmp_path), "--device", "cpu")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert ("error: b.npy: input 'images' is float64, expected float32 (shape [batch, 3, 640, 640]); convert it "
+            "with .astype(np.float32)") in r.stderr
+    (tmp_path / "b.npy").unlink()
+    r = run_cli("run", str(t4_build.bundle.path), "-i", str(tmp_path), "--device", "cpu")
+    assert r.returncode == 2 and ("error: c.npy[0]: input 'images' dim 2 is 320, allowed 640 (shape [batch, 3, 640, "
+                                  "640], got (1, 3, 320, 640))") in r.stderr, r.stderr
