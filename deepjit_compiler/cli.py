@@ -218,7 +218,7 @@ def run(bundle: Path, inputs, out, prefer, no_graph, device, engine, as_json) ->
 def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, device, engine, as_json) -> None:
     """Latency p50/p95/p99 (whole call and GPU part), throughput, launches and host<->device bytes per call."""
     try:
-        sizes = [int(b) for b in batches.split(",")] if batches else None
+        sizes = [int(b) for b in batches.split(",")] if batches is not None else None  # "" is a mistake too
     except ValueError:
         raise click.BadParameter(f"{batches!r}: give batch sizes like 1,8,32", param_hint="--batch") from None
     with working(as_json):

@@ -307,3 +307,13 @@ def test_a_model_in_onnx_text_or_json_format_that_does_not_parse_exits_2(tmp_pat
     r = run_cli("inspect", str(tmp_path / name))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"error: {tmp_path / name}: not a readable ONNX model (ParseError: " in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_bench_with_an_empty_batch_list_is_exit_2(t4_build, value):
+    """`--batch ""` (an unset shell variable, say) benched every bucket as if the option were not given."""
+    r = run_cli("bench", str(t4_build.bundle.path), "--device", "cpu", "--iters", "1", "--warmup", "0",
+                "--batch", value)
+    assert r.returncode == 2 and f"Invalid value for --batch: {value!r}: give batch sizes like 1,8,32" in r.stderr, \
+        r.stderr
+    assert r.stdout == ""
