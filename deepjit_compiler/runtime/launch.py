@@ -216,10 +216,13 @@ class LetterboxGeometry:
 def letterbox_geometry(h: int, w: int, size: int) -> LetterboxGeometry:
     """r = min(size / H, size / W) in float32; new sizes and padding rounded half to even."""
     if h < 1 or w < 1:
-        raise RuntimeInputError(f"letterbox: image size must be positive, got {h}x{w}")
+        raise RuntimeInputError(f"letterbox: a {w}x{h} image has no pixels; allowed: at least 1x1")
     f32 = np.float32
     r = min(f32(size) / f32(h), f32(size) / f32(w))
     new_w, new_h = round(float(f32(w) * r)), round(float(f32(h) * r))
+    if new_w < 1 or new_h < 1:  # its resize would divide by zero, and nothing of it would be seen
+        raise RuntimeInputError(f"letterbox: a {w}x{h} image has no pixel left in the {size}x{size} frame (it "
+                                f"scales to {new_w}x{new_h}); allowed: a long side under {2 * size} times the short side")
     dw, dh = f32(size - new_w) / f32(2), f32(size - new_h) / f32(2)
     left, top = round(float(dw - f32(0.1))), round(float(dh - f32(0.1)))
     return LetterboxGeometry(float(r), new_w, new_h, left, top, float(f32(new_w) / f32(w)),

@@ -119,15 +119,12 @@ class _Images:
 
 
 def _check_letterboxable(source: str, h: int, w: int, size: int) -> None:
-    """Refuse an image the host letterbox cannot place: one with a side of 0 pixels, or so thin that its
-    short side scales to under half a pixel (1 x 1300 into 640); its resize would divide by zero."""
-    if h < 1 or w < 1:
-        raise RuntimeInputError(f"{source}: a {w}x{h} image has no pixels; allowed: at least 1x1")
-    fit = letterbox_geometry(h, w, size)  # the letterbox's own sizes (docs/semantics.md)
-    if fit.new_w < 1 or fit.new_h < 1:
-        raise RuntimeInputError(f"{source}: a {w}x{h} image has no pixel left in the {size}x{size} letterbox "
-                                f"(it scales to {fit.new_w}x{fit.new_h}); allowed: a long side under {2 * size} "
-                                "times the short side")
+    """Refuse, naming the file, an image the letterbox cannot place (a side of 0 pixels, or one so thin
+    that its short side scales to under half a pixel): its resize would divide by zero."""
+    try:
+        letterbox_geometry(h, w, size)
+    except RuntimeInputError as e:
+        raise RuntimeInputError(f"{source}: {e}") from None
 
 
 def _is_image_array(arr: np.ndarray, inp: InputView, gpu_letterbox: bool) -> bool:

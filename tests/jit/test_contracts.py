@@ -345,6 +345,19 @@ def test_letterbox_geometry_rounds_half_to_even(h, w, size, want):
     assert g.scale_x == float(np.float32(g.new_w) / np.float32(w))
 
 
+@pytest.mark.parametrize("h, w, says", [
+    (1, 1280, r"a 1280x1 image has no pixel left in the 640x640 frame \(it scales to 640x0\)"),  # 0.5 -> 0 (half to even)
+    (2600, 2, r"a 2x2600 image has no pixel left in the 640x640 frame \(it scales to 0x640\)"),   # 0.49 -> 0
+    (0, 50, r"a 50x0 image has no pixels; allowed: at least 1x1"),
+])
+def test_letterbox_geometry_refuses_an_image_it_leaves_no_pixel_of(h, w, says):
+    """The GPU letterbox's launch args and the host's resize share it: such an image divided by zero on the
+    host, and on the GPU ran with nothing of it in the frame."""
+    with pytest.raises(RuntimeInputError, match=says):
+        letterbox_geometry(h, w, 640)
+    assert letterbox_geometry(1, 1279, 640).new_h == 1  # 0.5004 -> 1: the thinnest image that keeps a row
+
+
 def test_kernel_args_get_explicit_c_types():
     assert pack_arg("n", "i32", 5).dtype == np.int32
     assert pack_arg("t", "f32", 0.45).dtype == np.float32      # never a double

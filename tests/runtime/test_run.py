@@ -73,13 +73,13 @@ def test_run_exits_2_naming_a_pickled_input(tmp_path, t4_build):
 
 
 @pytest.mark.parametrize("shape,says", [
-    ((0, 50, 3), r"a 50x0 image has no pixels"),
-    ((1, 1300, 3), r"a 1300x1 image has no pixel left in the 640x640 letterbox \(it scales to 640x0\); "
+    ((0, 50, 3), r"letterbox: a 50x0 image has no pixels; allowed: at least 1x1"),
+    ((1, 1300, 3), r"letterbox: a 1300x1 image has no pixel left in the 640x640 frame \(it scales to 640x0\); "
                    r"allowed: a long side under 1280 times the short side"),
 ])
 def test_an_image_the_host_letterbox_leaves_no_pixel_of_is_refused_naming_it(tmp_path, t4_build, shape, says):
     """Such an image divided by zero in the host letterbox's resize: exit 3, 'internal error'."""
-    np.save(tmp_path / "thin.npy", np.zeros(shape, np.uint8))
+    np.save(tmp_path / "thin.npy", np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8))
     r = run_cli("run", str(t4_build.bundle.path), "-i", str(tmp_path / "thin.npy"), "--device", "cpu")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert re.search(rf"error: thin\.npy: {says}", r.stderr), r.stderr
