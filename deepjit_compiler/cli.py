@@ -221,6 +221,9 @@ def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, device, engine
         sizes = [int(b) for b in batches.split(",")] if batches is not None else None  # "" is a mistake too
     except ValueError:
         raise click.BadParameter(f"{batches!r}: give batch sizes like 1,8,32", param_hint="--batch") from None
+    if sizes is not None and len(set(sizes)) != len(sizes):  # a size twice printed two rows of one bench
+        raise click.BadParameter(f"{batches!r}: a batch size is given twice; give each once, like 1,8,32",
+                                 param_hint="--batch")
     with working(as_json):
         result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer,
                               device=device, engine=engine)

@@ -317,3 +317,12 @@ def test_bench_with_an_empty_batch_list_is_exit_2(t4_build, value):
     assert r.returncode == 2 and f"Invalid value for --batch: {value!r}: give batch sizes like 1,8,32" in r.stderr, \
         r.stderr
     assert r.stdout == ""
+
+
+def test_bench_with_a_batch_size_given_twice_is_exit_2(t4_build):
+    """`--batch 1,1` benched batch 1 twice and printed two rows for it."""
+    r = run_cli("bench", str(t4_build.bundle.path), "--device", "cpu", "--iters", "1", "--warmup", "0",
+                "--batch", "1,2,1")
+    assert r.returncode == 2 and "Invalid value for --batch: '1,2,1': a batch size is given twice; give each once, " \
+                                 "like 1,8,32" in r.stderr, r.stderr
+    assert r.stdout == ""
