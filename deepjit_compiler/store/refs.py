@@ -104,9 +104,9 @@ def default_store_url() -> str:
 
 
 def _split_digest(rest: str, ref: str) -> tuple[str, str | None]:
-    if "@" not in rest:
+    head, at, digest = rest.rpartition("@")
+    if not at or "/" in digest:  # none, or an '@' in a folder of a file:// store's path (file:///a@b/store)
         return rest, None
-    head, digest = rest.rsplit("@", 1)
     if not DIGEST_RE.fullmatch(digest):
         raise StoreError(f"reference '{ref}': '@{digest}' is not a digest (sha256: and 64 lowercase hex digits)")
     return head, digest
