@@ -351,8 +351,12 @@ class Launch:
 def _number(expr, ctx, where) -> int:
     """An expression that must give a number (a grid, block, shared_mem or workspace size), as an int. A
     bare name that is neither a param nor a bound dim comes back from `evaluate` as that name, and a str
-    param as its text: int() of those raised ValueError (exit 3)."""
+    param as its text: int() of those raised ValueError (exit 3). A float must be whole: int() truncated
+    `N / 256` to fewer blocks than the data needs, and raised on NaN or infinity (exit 3)."""
     value = evaluate(expr, ctx, where)
+    if isinstance(value, float) and not value.is_integer():
+        raise KernelError(f"{where}: {expr!r} gives {value!r}, not a whole number; allowed: an int expression of "
+                          "the contract's params and bound dims (ceil_div(a, b) rounds a division up)")
     if not isinstance(value, (int, float)):
         bare = isinstance(value, str) and value == str(expr).strip()
         what = (f"'{value}' is neither a param nor a bound dim{closest(value, ctx)}" if bare

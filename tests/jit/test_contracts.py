@@ -422,3 +422,16 @@ def test_a_hostile_template_string_is_a_kernel_error_naming_the_file_and_field(t
     c = _hostile(tmp_path, name="x{{ range(10**6) | list | length }}")
     with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]\.name: cannot expand .*OverflowError: Range too big"):
         signature(c, {})
+
+
+@pytest.mark.parametrize("expr, value", [
+    ("float('nan')", "nan"),       # int() raised ValueError: exit 3
+    ("float('inf')", "inf"),       # int() raised OverflowError: exit 3
+    ("10 / 4", "2.5"),             # int() truncated it to 2: fewer bytes (or blocks) than asked for
+])
+def test_a_launch_size_that_is_no_whole_number_is_a_kernel_error_naming_the_field(tmp_path, expr, value):
+    c = _hostile(tmp_path, workspace=expr)
+    with pytest.raises(KernelError, match=rf"h\.yaml: workspace: .* gives {value}, not a whole number; allowed: an int "
+                                          r"expression .* \(ceil_div\(a, b\) rounds a division up\)"):
+        workspace_bytes(c, {}, {})
+    assert workspace_bytes(_hostile(tmp_path, workspace="16 / 4"), {}, {}) == 4
