@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 from jinja2 import meta
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
 from ..errors import KernelError, closest
 
@@ -159,6 +159,8 @@ def _repeats(item, ctx: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
     if item.repeat is None:
         return [dict(ctx)]
     n = evaluate(item.repeat, ctx, f"{where}.repeat")
-    if not isinstance(n, int):
-        raise KernelError(f"{where}.repeat: must be an int once params are known, got {n!r}")
+    # bounded as Jinja's range() is: `repeat: 10**9` made a context per item until memory ran out (exit 3),
+    # and a negative count (or `true`, an int to Python) made none (or one) silently
+    if not _int(n) or not 0 <= n <= MAX_RANGE:
+        raise KernelError(f"{where}.repeat: must be an int from 0 to {MAX_RANGE} once params are known, got {n!r}")
     return [{**ctx, "i": i} for i in range(n)]

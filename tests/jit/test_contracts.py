@@ -391,14 +391,15 @@ def test_every_declared_host_arg_has_its_host_function():
 # --- hostile expressions ------------------------------------------------------------------------
 
 
-def _hostile(tmp_path, workspace: str = "0", name: str = "x"):
-    """A user's contract whose workspace expression and input name are `workspace` and `name`."""
+def _hostile(tmp_path, workspace: str = "0", name: str = "x", repeat: str | None = None):
+    """A user's contract whose workspace expression, input name and its repeat are `workspace`, `name`, `repeat`."""
     (tmp_path / "h.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
+    repeats = "" if repeat is None else f", repeat: {repeat!r}"
     (tmp_path / "h.yaml").write_text(textwrap.dedent(f"""\
         name: h
         template: h.cu.j2
         workspace: {workspace!r}
-        inputs: [{{name: {name!r}, dtype: float32, shape: [4]}}]
+        inputs: [{{name: {name!r}, dtype: float32, shape: [4]{repeats}}}]
         entry_points: [{{name: k, symbol: k, block: [1], grid: [1], args: []}}]
         """))
     return load_contract(str(tmp_path / "h.yaml"))
@@ -435,3 +436,13 @@ def test_a_launch_size_that_is_no_whole_number_is_a_kernel_error_naming_the_fiel
                                           r"expression .* \(ceil_div\(a, b\) rounds a division up\)"):
         workspace_bytes(c, {}, {})
     assert workspace_bytes(_hostile(tmp_path, workspace="16 / 4"), {}, {}) == 4
+
+
+@pytest.mark.parametrize("repeat", ["10**9", "-2", "true"])
+def test_a_repeat_past_its_bounds_is_a_kernel_error_naming_the_field(tmp_path, repeat):
+    """10**9 made a context per tensor until memory ran out (exit 3); -2 made no tensor, true one, silently."""
+    c = _hostile(tmp_path, name="x_{{ i }}", repeat=repeat)
+    with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]\.repeat: must be an int from 0 to 100000 once params "
+                                          r"are known, got (1000000000|-2|True)$"):
+        signature(c, {})
+    assert [s.name for s in signature(_hostile(tmp_path, name="x_{{ i }}", repeat="2"), {})] == ["x_0", "x_1"]
