@@ -35,6 +35,13 @@ class ParamSpec(_Model):
                               "capacity, not a property of the model); otherwise a given value must agree with it")
     doc: str = ""
 
+    @model_validator(mode="after")
+    def _bounds_are_numbers(self) -> "ParamSpec":
+        # compared with the value as numbers: on a str or list param they raised TypeError (exit 3)
+        if self.type not in ("int", "float") and (self.min is not None or self.max is not None):
+            raise ValueError(f"min and max bound an int or float param; this one is {self.type} (use allowed:)")
+        return self
+
 
 class TensorSpec(_Model):
     name: str

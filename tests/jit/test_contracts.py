@@ -446,3 +446,19 @@ def test_a_repeat_past_its_bounds_is_a_kernel_error_naming_the_field(tmp_path, r
                                           r"are known, got (1000000000|-2|True)$"):
         signature(c, {})
     assert [s.name for s in signature(_hostile(tmp_path, name="x_{{ i }}", repeat="2"), {})] == ["x_0", "x_1"]
+
+
+@pytest.mark.parametrize("kind, default", [("str", "'a'"), ("list", "[1]"), ("bool", "true")])
+def test_min_and_max_bound_only_a_number_param(tmp_path, kind, default):
+    """Checking a str or list value against them raised TypeError (exit 3) when the param was resolved."""
+    (tmp_path / "p.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
+    (tmp_path / "p.yaml").write_text(textwrap.dedent(f"""\
+        name: p
+        template: p.cu.j2
+        params:
+          flavour: {{type: {kind}, default: {default}, min: 2}}
+        entry_points: [{{name: k, symbol: k, block: [1], grid: [1], args: []}}]
+        """))
+    with pytest.raises(KernelError, match=rf"p\.yaml:4:\d+: params\.flavour: min and max bound an int or float param; "
+                                          rf"this one is {kind} \(use allowed:\)"):
+        load_contract(str(tmp_path / "p.yaml"))
