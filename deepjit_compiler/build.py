@@ -216,8 +216,9 @@ def check_kernel_params(loaded: LoadedSpec, plan) -> list[str]:
 def check_launch_limits(loaded: LoadedSpec, plan) -> list[str]:
     """Before any work: every kernel launch at every batch the bundle runs (its buckets, the profile's min
     and max) within CUDA's limits for the target (jit/geometry.py), so a contract's grid, block or
-    shared_mem that no target GPU launches is named here rather than by the driver on the GPU. Returns
-    a note for each kernel whose input shapes only its engine tells: the runtime checks those at load."""
+    shared_mem that no target GPU launches (or an arg or workspace that does not evaluate) is named here
+    rather than on the GPU. Returns a note for each kernel whose input shapes only its engine tells: the
+    runtime checks those at load."""
     layout, target = Layout.from_plan(plan, loaded.spec, loaded.folder), loaded.spec.target
     label = f"the target sm_{target.resolved_sm}" + (f" ({target.gpu})" if target.gpu else "")
     checked = set()

@@ -433,6 +433,24 @@ def test_a_launch_size_that_is_not_a_number_is_exit_2_naming_the_field(write_spe
     assert f"{spec}: at batch 1: {tmp_path / 'my_kernels/mine.yaml'}: {message}" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("old, new, message", [
+    ("{name: K, type: i32}", "{name: KK, type: i32}",
+     "entry_points[0].args[5]: no tensor, dim or param named 'KK' (did you mean 'K'?)"),
+    ('value: "pow2ceil(K) if pow2ceil(K) > sort_capacity else 0"', 'value: "K // 0"',
+     "entry_points[0].args[7].value: cannot evaluate 'K // 0': ZeroDivisionError"),
+    ('workspace: "B * pow2ceil(K) * 12 if pow2ceil(K) > sort_capacity else 0"', 'workspace: "B // 0"',
+     "workspace: cannot evaluate 'B // 0': ZeroDivisionError"),
+])
+def test_an_arg_or_workspace_that_does_not_evaluate_is_exit_2_before_any_work(write_spec, tmp_path, old, new, message):
+    """Only a launch on the GPU evaluated them: the build (and its dry run) passed, and the bundle failed
+    when it loaded."""
+    ref = edited_contract(tmp_path / "my_kernels", "nms", "mine", old, new)
+    spec = _spec(write_spec, **{NMS_REF: f"      - contract: {ref}\n"})
+    r = run_cli("build", str(spec), "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{spec}: at batch 1: {tmp_path / 'my_kernels/mine.yaml'}: {message}" in r.stderr, r.stderr
+
+
 def test_a_launch_is_checked_at_the_largest_frame_the_profile_allows(write_spec, tmp_path):
     """grid y of H * 61: 65,880 at the profile's max 1080 rows is past the limit, 1,952 at its min 32 is
     not; the build checks the size a bucket is prepared at (the max), so it is refused."""

@@ -429,14 +429,6 @@ def launches(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, i
     return tuple(_launch(entry, _args(entry, values)) for entry in _launched(contract, params, dims))
 
 
-def launch_geometry(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int]) -> tuple[Launch, ...]:
-    """The launches for bound dims without their args (so without tensors): what CUDA's limits are checked
-    on before anything is allocated (geometry.check_launch)."""
-    if done_before(contract, params):
-        return ()
-    return tuple(_launch(entry, ()) for entry in _launched(contract, params, dims))
-
-
 @dataclass(frozen=True, slots=True)
 class _Launched:
     """An entry point that launches at some dims: where it is in the contract, and the params (its

@@ -31,7 +31,7 @@ from ..jit.contracts import (
     Launch,
     bind_dims,
     concrete_shape,
-    launch_geometry,
+    launches,
     load_contract,
     resolve_params,
     signature,
@@ -39,6 +39,7 @@ from ..jit.contracts import (
     workspace_bytes,
 )
 from .inputs import bucket_for, check_feeds, show_shape
+from .launch import host_values
 
 log = logging.getLogger("deepjit.runtime")
 
@@ -372,8 +373,10 @@ class Layout:
         return shapes
 
     def launch_geometry(self, batch: int) -> Iterator[tuple[KernelInfo, tuple[Launch, ...]]]:
-        """Each kernel's launches (no args) at `batch`, the inputs' other dims at their max, as the runtime
-        prepares that batch's bucket when it loads. A kernel that reads an engine output whose shape only
+        """Each kernel's launches at `batch`, the inputs' other dims at their max, as the runtime prepares
+        that batch's bucket when it loads: their args resolved against buffers not allocated (None pointers)
+        and the workspace sized, so an arg that names nothing or a workspace that does not evaluate is
+        refused here, before any work, not on the GPU. A kernel that reads an engine output whose shape only
         the engine tells (a dim no input names) is left out, and so is any kernel that reads what such a
         kernel makes: the runtime checks their launches when it makes them."""
         shapes = {i.name: (batch, *i.max[1:]) for i in self.inputs}
@@ -386,7 +389,8 @@ class Layout:
                 if all(name in shapes for name in k.reads):
                     dims = kernel_dims(k, shapes)
                     shapes.update(kernel_outputs(k, dims))
-                    yield k, launch_geometry(k.contract, k.params, dims)
+                    kernel_workspace(k, dims)
+                    yield k, launches(k.contract, k.params, dims, _unallocated(k, dims))
 
 
 def kernel_dims(k: KernelInfo, shapes: Mapping[str, tuple[int, ...]]) -> Mapping[str, int]:
@@ -399,6 +403,11 @@ def kernel_outputs(k: KernelInfo, dims: Mapping[str, int]) -> dict[str, tuple[in
     """The plan tensors the kernel writes, with their shapes at bound dims."""
     return {k.plan_name(sig.name): concrete_shape(sig, k.params, dims, f"kernel {k.name}: output '{sig.name}'")
             for sig in k.sigs if sig.role == "output"}
+
+
+def _unallocated(k: KernelInfo, dims: Mapping[str, int]) -> dict[str, Any]:
+    """What a kernel's args read at launch, with no buffer behind the tensors and the workspace."""
+    return {**{s.name: None for s in k.sigs}, "workspace": None, **host_values(k.contract, k.params, dims)}
 
 
 def kernel_workspace(k: KernelInfo, dims: Mapping[str, int]) -> int:
