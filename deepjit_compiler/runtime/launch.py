@@ -7,6 +7,7 @@ contract takes from the host (its roles.host_args: the letterbox's geometry).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,9 +47,22 @@ def pack_arg(name: str, kind: str, value: Any):
         if isinstance(value, (int, np.integer)):
             return np.uint64(int(value))
         raise KernelError(f"kernel arg '{name}' is a pointer; got {type(value).__name__}")
-    if isinstance(value, DeviceArray) or kind not in _ARG_TYPES:
-        raise KernelError(f"kernel arg '{name}' is {kind}; got {value!r}")
+    if isinstance(value, DeviceArray) or kind not in _ARG_TYPES or not _fits(np.dtype(_ARG_TYPES[kind]), value):
+        raise KernelError(f"kernel arg '{name}' is {kind}; got {value!r}"
+                          + (f", which {kind} cannot hold" if kind in _ARG_TYPES else ""))
     return _ARG_TYPES[kind](value)
+
+
+def _fits(dtype: np.dtype, value: Any) -> bool:
+    """Whether `value` is a number (a bool too: 0 or 1) that `dtype` holds: numpy raised ValueError on a str
+    or NaN (exit 3), made an array of a list, wrapped an int past the type's range (2**40 as i32 is 0, -1 as
+    u32 is 4294967295), truncated a fraction and made inf of a finite float past float32's range."""
+    if not isinstance(value, (int, float, np.integer, np.floating, np.bool_)):
+        return False
+    if dtype.kind == "f":  # inf and nan pass as they are
+        return abs(value) <= float(np.finfo(dtype).max) or isinstance(value, float) and not math.isfinite(value)
+    info = np.iinfo(dtype)
+    return info.min <= value <= info.max and float(value).is_integer()
 
 
 def pack_args(launch: Launch) -> list:

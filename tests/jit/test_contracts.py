@@ -2,6 +2,7 @@
 launch geometry and typed args, plus the host-side letterbox geometry."""
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -364,6 +365,22 @@ def test_kernel_args_get_explicit_c_types():
     assert pack_arg("p", "ptr", 0x7F00) == np.uint64(0x7F00)
     with pytest.raises(KernelError, match="'p' is a pointer"):
         pack_arg("p", "ptr", 1.5)
+    assert pack_arg("agnostic", "i32", True) == 1 and pack_arg("n", "i64", 2.0) == 2
+
+
+@pytest.mark.parametrize("kind, value", [
+    ("i32", "candidates"),     # a str param: numpy's ValueError, exit 3
+    ("i64", float("nan")),     # ValueError, exit 3
+    ("i32", 2**40),            # wrapped to 0
+    ("u32", -1),               # wrapped to 4294967295
+    ("i32", 2.5),              # truncated to 2
+    ("f32", 1e300),            # inf
+    ("f32", [1.0]),            # an array
+])
+def test_a_kernel_arg_its_c_type_cannot_hold_is_a_kernel_error_naming_it(kind, value):
+    with pytest.raises(KernelError, match=rf"^kernel arg 'n' is {kind}; got {re.escape(repr(value))}, which {kind} "
+                                          "cannot hold$"):
+        pack_arg("n", kind, value)
 
 
 def test_decode_inputs_bind_to_the_cut_inputs_by_position():
