@@ -3,12 +3,14 @@ rendered lines mapped back to template lines."""
 from __future__ import annotations
 
 import re
+import signal
 import textwrap
 
 import numpy as np
 import pytest
 
 from deepjit_compiler.errors import KernelError
+from deepjit_compiler.jit import render as render_module
 from deepjit_compiler.jit.contracts import load_contract, resolve_params
 from deepjit_compiler.jit.render import f32_literal, render, render_kernel
 
@@ -153,9 +155,22 @@ def test_a_template_includes_files_of_its_folder_and_deepjits_templates(tmp_path
     ("{{ 'a' * 5000000 }}\n", r"OverflowError: repeating a str of 1 items 5000000 times .* the sandbox refuses it"),
     ("{{ 2 ** 5000 }}\n", r"OverflowError: 2 \*\* 5000 has more than 4096 bits"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}\n", r"RecursionError"),
+    ("{% for i in range(10**5) %}{% for j in range(10**5) %}x{% endfor %}{% endfor %}\n",
+     r"OverflowError: the template renders more than 16777216 characters; the sandbox refuses it"),
 ])
 def test_a_hostile_template_is_a_kernel_error_naming_its_files(tmp_path, source, message):
     """Any failure of a user's template is bad input (exit 2), not a DeepJIT bug (exit 3)."""
     path = _contract(tmp_path, source)
-    with pytest.raises(KernelError, match=rf"t\.cu\.j2:1: rendering the template of .*t\.yaml failed: {message}"):
+    with pytest.raises(KernelError, match=rf"t\.cu\.j2(:1)?: rendering the template of .*t\.yaml failed: {message}"):
         render_kernel(path, {})
+
+
+def test_a_template_that_loops_silently_is_stopped(tmp_path, monkeypatch):
+    """Nested loops that print nothing: each range is within the sandbox's bound, together 10**10 rounds
+    (hours) that held the build, or a `validate` of a pulled bundle, with no output to bound."""
+    monkeypatch.setattr(render_module, "RENDER_SECONDS", 0.5)
+    path = _contract(tmp_path, "{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}{% endfor %}\n")
+    with pytest.raises(KernelError, match=r"t\.cu\.j2:1: rendering the template of .*t\.yaml failed: TimeoutError: "
+                                          r"the template renders for more than 0\.5 s; the sandbox refuses it"):
+        render_kernel(path, {})
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the timer is off again
