@@ -40,6 +40,8 @@ class ParamSpec(_Model):
         # compared with the value as numbers: on a str or list param they raised TypeError (exit 3)
         if self.type not in ("int", "float") and (self.min is not None or self.max is not None):
             raise ValueError(f"min and max bound an int or float param; this one is {self.type} (use allowed:)")
+        if self.min is not None and self.max is not None and self.min > self.max:  # no value could be given
+            raise ValueError(f"min {self.min:g} is above max {self.max:g}")
         return self
 
 

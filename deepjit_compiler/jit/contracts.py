@@ -103,9 +103,13 @@ def _parse_contract(text: str, path: Path) -> ContractModel:
     if not isinstance(data, dict):
         raise KernelError(f"{path}:1:1: a contract is a mapping with keys {', '.join(ContractModel.model_fields)}")
     try:
-        return ContractModel.model_validate(data)
+        model = ContractModel.model_validate(data)
     except ValidationError as e:  # only now the node tree, for the file:line:col of each problem
         raise KernelError(describe_errors(e, path, root, ContractModel)) from None
+    for name, spec in model.params.items():  # a default out of its own bounds was named only when a spec
+        if spec.default is not None:         # left the param out, as if the spec had given it
+            _check_param(name, spec, spec.default, f"{path}: params.{name}.default")
+    return model
 
 
 def _check_param(name: str, spec: ParamSpec, value: Any, where: str) -> Any:

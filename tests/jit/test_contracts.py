@@ -479,3 +479,26 @@ def test_min_and_max_bound_only_a_number_param(tmp_path, kind, default):
     with pytest.raises(KernelError, match=rf"p\.yaml:4:\d+: params\.flavour: min and max bound an int or float param; "
                                           rf"this one is {kind} \(use allowed:\)"):
         load_contract(str(tmp_path / "p.yaml"))
+
+
+@pytest.mark.parametrize("param, says", [
+    ("{type: int, default: 1, min: 2}", r"p\.yaml: params\.flavour\.default: param 'flavour' must be in \[2\.0, None\], "
+                                        r"got 1"),
+    ("{type: int, default: 3, allowed: [1, 2]}", r"p\.yaml: params\.flavour\.default: param 'flavour' must be one of "
+                                                 r"\[1, 2\], got 3"),
+    ("{type: float, default: 'x'}", r"p\.yaml: params\.flavour\.default: param 'flavour' must be float, got 'x'"),
+    ("{type: int, min: 20, max: 3}", r"p\.yaml:4:\d+: params\.flavour: min 20 is above max 3"),
+])
+def test_a_param_default_outside_its_own_bounds_is_refused_at_load(tmp_path, param, says):
+    """Such a default was named only when a spec left the param out, in words that blamed the spec's value;
+    min above max allowed no value at all."""
+    (tmp_path / "p.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
+    (tmp_path / "p.yaml").write_text(textwrap.dedent(f"""\
+        name: p
+        template: p.cu.j2
+        params:
+          flavour: {param}
+        entry_points: [{{name: k, symbol: k, block: [1], grid: [1], args: []}}]
+        """))
+    with pytest.raises(KernelError, match=says):
+        load_contract(str(tmp_path / "p.yaml"))
