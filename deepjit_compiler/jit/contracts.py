@@ -399,19 +399,22 @@ def _selected_entries(contract: Contract, params: Mapping[str, Any]):
     for k, e in enumerate(contract.model.entry_points):
         where = f"{contract.path}: entry_points[{k}]"
         if _truthy(e.when, params, f"{where}.when"):
-            yield (e, *_from_batch(e, params, where))
+            yield (e, *_from_batch(e, contract.model.params, params, where))
 
 
-def _from_batch(entry, params: Mapping[str, Any], where: str) -> tuple[int | None, Mapping[str, Any]]:
+def _from_batch(entry, specs: Mapping[str, ParamSpec], params: Mapping[str, Any],
+                where: str) -> tuple[int | None, Mapping[str, Any]]:
     """An entry's from_batch: its first batch and the params it launches with from there (None and the
-    params themselves where it has none, its `when` is false, or it changes no param)."""
+    params themselves where it has none, its `when` is false, or it changes no param). Each value is
+    checked as its param is (type, allowed, min, max): the large-batch kernel takes it as that param."""
     fb = entry.from_batch
     if fb is None or not _truthy(fb.when, params, f"{where}.from_batch.when"):
         return None, params
     at = evaluate(fb.at, params, f"{where}.from_batch.at")
     if not isinstance(at, int) or isinstance(at, bool) or at < 1:
         raise KernelError(f"{where}.from_batch.at: need a batch of at least 1, got {at!r}")
-    large = {n: evaluate(v, params, f"{where}.from_batch.params.{n}") for n, v in fb.params.items()}
+    large = {n: _check_param(n, specs[n], evaluate(v, params, f"{where}.from_batch.params.{n}"),
+                             f"{where}.from_batch.params.{n}") for n, v in fb.params.items()}
     if all(params.get(n) == v for n, v in large.items()):
         return None, params
     return at, {**params, **large}
@@ -450,7 +453,7 @@ def _launched(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, 
         where = f"{contract.path}: entry_points[{k}]"
         if not _truthy(e.when, {**params, **dims}, f"{where}.when"):
             continue
-        at, large = _from_batch(e, params, where)
+        at, large = _from_batch(e, contract.model.params, params, where)
         if at is not None and not isinstance(dims.get("B"), int):
             raise KernelError(f"{where}.from_batch: the launch has no batch dim B bound")
         eparams = large if at is not None and dims["B"] >= at else params

@@ -220,6 +220,23 @@ def test_from_batch_must_name_params_and_give_a_batch(tmp_path):
         launches(z, p, bind_dims(z, p, head_shapes(2)), {s.name: 1 for s in signature(z, p)})
 
 
+@pytest.mark.parametrize("value, says", [
+    ("3", r"from_batch\.params\.cluster: param 'cluster' must be one of \[1, 2, 4, 8\], got 3"),
+    ("'4'", r"from_batch\.params\.cluster: param 'cluster' must be int, got '4'"),
+])
+def test_a_from_batch_value_is_checked_as_its_param_is(tmp_path, value, says):
+    """The large-batch kernel takes it as that param: `cluster: 3` rendered a cluster kernel the nms's
+    own `allowed` refuses, and passed the dry run (found only by NVRTC, or not at all)."""
+    c = load_contract("nms")
+    raw = yaml.safe_load(c.path.read_text())
+    raw["entry_points"][0]["from_batch"] = {"at": 2, "params": {"cluster": value}}
+    (tmp_path / "nms.yaml").write_text(yaml.safe_dump(raw))
+    bad = load_contract(str(tmp_path / "nms.yaml"))
+    p = resolve_params(bad, {"max_candidates": 640, "chunk": 512}, {})
+    with pytest.raises(KernelError, match=says):
+        batch_thresholds(bad, p)
+
+
 def test_concatenated_form_binds_anchors_from_its_input():
     c = load_contract("yolov8_decode")
     p = resolve_params(c, {"input_form": "concatenated", "mode": "output0"}, FACTS)
