@@ -489,4 +489,8 @@ def _args(it: _Launched, values: Mapping[str, Any]) -> tuple[tuple[str, str, Any
 def workspace_bytes(contract: Contract, params: Mapping[str, Any], dims: Mapping[str, int]) -> int:
     if done_before(contract, params):
         return 0
-    return _number(contract.model.workspace, {**params, **dims}, f"{contract.path}: workspace")
+    size = _number(contract.model.workspace, {**params, **dims}, f"{contract.path}: workspace")
+    if size < 0:  # it passed the build and failed when the bundle loaded, as a manifest tampered with
+        raise KernelError(f"{contract.path}: workspace: {contract.model.workspace!r} gives {size} bytes at {dict(dims)}; "
+                          "allowed: 0 or more")
+    return size

@@ -237,6 +237,20 @@ def test_a_from_batch_value_is_checked_as_its_param_is(tmp_path, value, says):
         batch_thresholds(bad, p)
 
 
+def test_a_negative_workspace_is_refused_naming_it(tmp_path):
+    """`workspace: 100 - B * 64` passed the build and failed when the bundle loaded, as a broken manifest."""
+    c = load_contract("nms")
+    raw = yaml.safe_load(c.path.read_text())
+    raw["workspace"] = "100 - B * 64"
+    (tmp_path / "nms.yaml").write_text(yaml.safe_dump(raw))
+    bad = load_contract(str(tmp_path / "nms.yaml"))
+    p = resolve_params(bad, {"max_candidates": 640}, {})
+    assert workspace_bytes(bad, p, {"B": 1, "K": 640}) == 36
+    with pytest.raises(KernelError, match=r"nms\.yaml: workspace: '100 - B \* 64' gives -28 bytes at \{'B': 2, 'K': 640\}; "
+                                          r"allowed: 0 or more"):
+        workspace_bytes(bad, p, {"B": 2, "K": 640})
+
+
 def test_concatenated_form_binds_anchors_from_its_input():
     c = load_contract("yolov8_decode")
     p = resolve_params(c, {"input_form": "concatenated", "mode": "output0"}, FACTS)
