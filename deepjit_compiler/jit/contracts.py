@@ -212,17 +212,29 @@ def signature(contract: Contract, params: Mapping[str, Any]) -> tuple[TensorSig,
     """Inputs then outputs, with dtypes resolved and shapes as far as the params allow."""
     if done_before(contract, params):
         return ()
-    out = []
+    out, seen = [], {}
     for role, specs in (("input", contract.model.inputs), ("output", contract.model.outputs)):
         for k, spec in enumerate(specs):
             where = f"{contract.path}: {role}s[{k}]"
             for ctx in _repeats(spec, params, where):
                 name, dtype = expand(spec.name, ctx, f"{where}.name"), evaluate(spec.dtype, ctx, f"{where}.dtype")
+                _check_tensor_name(name, seen, where)
+                seen[name] = f"{role}s[{k}]"
                 if dtype not in CTYPES:
                     raise KernelError(f"{where}: dtype must be one of {', '.join(CTYPES)}, got {dtype!r}")
                 shape = tuple(evaluate(d, ctx, f"{where}.shape") for d in spec.shape)
                 out.append(TensorSig(name, dtype, shape, role, spec.zero_init))
     return tuple(out)
+
+
+def _check_tensor_name(name: str, seen: Mapping[str, str], where: str) -> None:
+    """A kernel's tensors bind by name: a second tensor of one name took the first one's buffer, and one
+    named `workspace` the scratch buffer's (the arg of that name), silently."""
+    if name == "workspace":
+        raise KernelError(f"{where}.name: 'workspace' names the kernel's scratch buffer (the `workspace:` size, "
+                          "the arg of that name); allowed: another name")
+    if name in seen:
+        raise KernelError(f"{where}.name: '{name}' is already the name of {seen[name]}; allowed: one tensor a name")
 
 
 def site_inputs(contract: Contract, params: Mapping[str, Any]) -> dict[str, int]:

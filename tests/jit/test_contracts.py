@@ -533,3 +533,16 @@ def test_a_param_default_outside_its_own_bounds_is_refused_at_load(tmp_path, par
         """))
     with pytest.raises(KernelError, match=says):
         load_contract(str(tmp_path / "p.yaml"))
+
+
+@pytest.mark.parametrize("name, repeat, says", [
+    ("workspace", None, r"h\.yaml: inputs\[0\]\.name: 'workspace' names the kernel's scratch buffer"),
+    ("x", "2", r"h\.yaml: inputs\[0\]\.name: 'x' is already the name of inputs\[0\]; allowed: one tensor a name"),
+])
+def test_a_tensor_name_taken_by_another_tensor_or_the_workspace_is_refused(tmp_path, name, repeat, says):
+    """Tensors bind to buffers by name: a repeated name (a repeat without `{{ i }}`) shared one buffer, and
+    a tensor named workspace was given the scratch buffer at launch, silently."""
+    c = _hostile(tmp_path, name=name, repeat=repeat)
+    with pytest.raises(KernelError, match=says):
+        signature(c, {})
+    assert [s.name for s in signature(_hostile(tmp_path, name="x_{{ i }}", repeat="2"), {})] == ["x_0", "x_1"]
