@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Expr = Union[int, float, str]
 ARG_TYPES = ("ptr", "i32", "u32", "i64", "u64", "f32", "f64")
@@ -152,6 +152,16 @@ class ContractModel(_Model):
     entry_points: list[EntrySpec] = Field(min_length=1)
     workspace: Expr = 0
     roles: Roles = Roles()
+
+    @field_validator("headers", "entry_points")
+    @classmethod
+    def _names_once(cls, items: list) -> list:
+        # an entry point's name labels its launches and kernels; a header is read once
+        names = [getattr(i, "name", i) for i in items]
+        twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
+        if twice is not None:
+            raise ValueError(f"'{twice}' is given twice; allowed: each once")
+        return items
 
     @model_validator(mode="after")
     def _from_batch_names_params(self) -> "ContractModel":

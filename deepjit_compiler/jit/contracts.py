@@ -60,7 +60,8 @@ def contract_file(name: str, folders: list[Path], what: str, owner: Path) -> Pat
     if not name or name.startswith(("/", "~")) or "\\" in name or "\x00" in name or ".." in parts:
         raise KernelError(f"{owner}: {what} '{name}' must be a relative path inside the contract's folder or "
                           "DeepJIT's templates (no absolute path, no '..')")
-    for folder in (f.resolve() for f in folders):
+    searched = list(dict.fromkeys(f.resolve() for f in folders))  # a built-in's own folder is DeepJIT's templates
+    for folder in searched:
         candidate = folder / name
         if candidate.is_file():
             real = candidate.resolve()
@@ -68,7 +69,9 @@ def contract_file(name: str, folders: list[Path], what: str, owner: Path) -> Pat
                 raise KernelError(f"{owner}: {what} '{name}' is a link out of {folder}; a contract reaches only its "
                                   "own folder and DeepJIT's templates")
             return real
-    raise KernelError(f"{owner}: {what} '{name}' not found in {', '.join(str(f) for f in folders)}")
+        if candidate.exists():
+            raise KernelError(f"{owner}: {what} '{name}' is not a file in {folder}; allowed: a file")
+    raise KernelError(f"{owner}: {what} '{name}' not found in {', '.join(str(f) for f in searched)}")
 
 
 def is_contract_path(ref: str) -> bool:

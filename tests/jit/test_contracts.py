@@ -546,3 +546,13 @@ def test_a_tensor_name_taken_by_another_tensor_or_the_workspace_is_refused(tmp_p
     with pytest.raises(KernelError, match=says):
         signature(c, {})
     assert [s.name for s in signature(_hostile(tmp_path, name="x_{{ i }}", repeat="2"), {})] == ["x_0", "x_1"]
+
+
+def test_an_entry_point_name_given_twice_is_refused(tmp_path):
+    """Entry point names label their launches and kernels (nms, 'nms (batch 16+)'); two of one name were accepted."""
+    c = load_contract("nms")
+    raw = yaml.safe_load(c.path.read_text())
+    raw["entry_points"].append(dict(raw["entry_points"][0]))
+    (tmp_path / "nms.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(KernelError, match=r"nms\.yaml:\d+:\d+: entry_points: 'nms' is given twice; allowed: each once"):
+        load_contract(str(tmp_path / "nms.yaml"))

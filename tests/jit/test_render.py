@@ -174,3 +174,17 @@ def test_a_template_that_loops_silently_is_stopped(tmp_path, monkeypatch):
                                           r"the template renders for more than 0\.5 s; the sandbox refuses it"):
         render_kernel(path, {})
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the timer is off again
+
+
+@pytest.mark.parametrize("headers, says", [
+    ("[sub]", r"t\.yaml: header 'sub' is not a file in .*mine; allowed: a file"),
+    ("[part.cuh, part.cuh]", r"t\.yaml:3:\d+: headers: 'part\.cuh' is given twice; allowed: each once"),
+])
+def test_a_header_that_is_a_folder_or_given_twice_is_named(tmp_path, headers, says):
+    """A folder was reported as 'not found', and a header given twice was accepted."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "sub").mkdir()
+    (folder / "part.cuh").write_text("// part\n")
+    with pytest.raises(KernelError, match=says):
+        render_kernel(_contract(folder, "extern \"C\" __global__ void k() {}\n", headers=headers), {})
