@@ -41,6 +41,7 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 _OWN_FIELDS = ("schema_version", "files", "digest")
 _CHUNK = 1 << 20
+_MAX_MANIFEST = 16 << 20  # a manifest this large above a destination is not read to see if it is a bundle's
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,10 @@ def check_replaceable(dest: Path) -> None:
     wrote it (it verifies: no file added, changed or missing). A folder that merely holds a
     manifest.json, a user's `app/src/` say, is never replaced: DeepJIT deletes only what it made."""
     dest = Path(dest)
+    outer = _enclosing_bundle(dest)
+    if outer is not None:
+        raise BundleError(f"{dest}: inside the bundle {outer}, which would no longer verify (a file its manifest does "
+                          "not list); choose a folder outside it")
     if not dest.exists() and not dest.is_symlink():
         return
     if _holds_cwd(dest):  # replacing it would pull the folder from under the shell
@@ -142,6 +147,24 @@ def check_replaceable(dest: Path) -> None:
                                   f"({why}); refusing to replace it: move it away or choose another folder") from None
     raise BundleError(f"{dest}: exists and is not a DeepJIT bundle; refusing to replace it "
                       "(choose another output folder or remove it)")
+
+
+def _enclosing_bundle(dest: Path) -> Path | None:
+    """The DeepJIT bundle a folder above `dest` is (its manifest reads as one), or None. A user's folder
+    that merely holds a manifest.json is not one."""
+    try:
+        parents = dest.absolute().parents
+    except OSError:  # a relative path with the working folder gone: nothing above it to judge
+        return None
+    for parent in parents:
+        manifest = parent / MANIFEST
+        if manifest.is_file() and manifest.stat().st_size <= _MAX_MANIFEST:
+            try:
+                _load_manifest(parent, str(parent))
+            except BundleError:
+                continue
+            return parent
+    return None
 
 
 def archive_path(dest: Path) -> Path:

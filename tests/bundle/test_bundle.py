@@ -517,6 +517,24 @@ def test_an_archive_replaces_a_bundle_archive_and_update_keeps_a_users_file(tmp_
     assert updated.archive is None and info.archive.read_bytes() == b"my own tarball, not a bundle"
 
 
+def test_nothing_is_written_inside_a_bundle(tmp_path, sample):
+    """`deepjit pull REF bundle/sub` (or a build's bundle.path there) put files the outer bundle's manifest does
+    not list, so it no longer verified; a user's folder holding some other manifest.json is no bundle."""
+    files, manifest = sample
+    outer = write_bundle(tmp_path / "b", files, manifest, archive=False)
+    inner = write_bundle(tmp_path / "other", files, manifest)
+    for dest in (outer.path / "sub", outer.path / "engines" / "new"):
+        with pytest.raises(BundleError, match=f"{dest}: inside the bundle {outer.path}, which would no longer verify"):
+            unpack_bundle(inner.archive, dest)
+        with pytest.raises(BundleError, match="inside the bundle"):
+            write_bundle(dest, files, manifest)
+    assert read_bundle(outer.path).digest == outer.digest  # still verifies
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "manifest.json").write_text('{"name": "my web app"}')
+    assert read_bundle(unpack_bundle(inner.archive, app / "models" / "yolo").root).digest == inner.digest
+
+
 def test_a_file_that_is_no_archive_says_what_a_bundle_is(tmp_path):
     (tmp_path / "README.md").write_text("# not a bundle\n")
     with pytest.raises(BundleError, match=r"README.md: archive is truncated or corrupt \(.*\); a bundle is a folder "
