@@ -2,6 +2,7 @@
 rendered lines mapped back to template lines."""
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import signal
 import textwrap
@@ -188,3 +189,26 @@ def test_a_header_that_is_a_folder_or_given_twice_is_named(tmp_path, headers, sa
     (folder / "part.cuh").write_text("// part\n")
     with pytest.raises(KernelError, match=says):
         render_kernel(_contract(folder, "extern \"C\" __global__ void k() {}\n", headers=headers), {})
+
+
+def test_a_render_leaves_no_timer_or_handler_behind(tmp_path):
+    """The render's deadline is a SIGALRM timer: left armed after a render that finished, it would fire
+    RENDER_SECONDS later into whatever runs then (with the default handler back, killing the process)."""
+    before = signal.getsignal(signal.SIGALRM)
+    _, src = render_kernel(_contract(tmp_path, "extern \"C\" __global__ void k() {}\n"), {})
+    assert "void k()" in src.code
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is before
+
+
+def test_a_template_renders_outside_the_main_thread(tmp_path):
+    """Only the main thread can take SIGALRM (signal.signal raises ValueError elsewhere): a server's worker
+    thread renders without the deadline, its output still bounded."""
+    path = _contract(tmp_path, "extern \"C\" __global__ void k() {}\n")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        _, src = pool.submit(render_kernel, path, {}).result()
+    assert "void k()" in src.code
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        hostile = _contract(tmp_path, "{% for i in range(10**5) %}{% for j in range(10**5) %}x{% endfor %}{% endfor %}\n")
+        with pytest.raises(KernelError, match=r"OverflowError: the template renders more than 16777216 characters"):
+            pool.submit(render_kernel, hostile, {}).result()
