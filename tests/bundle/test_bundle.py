@@ -535,6 +535,23 @@ def test_nothing_is_written_inside_a_bundle(tmp_path, sample):
     assert read_bundle(unpack_bundle(inner.archive, app / "models" / "yolo").root).digest == inner.digest
 
 
+def test_nothing_is_written_inside_a_bundle_given_relatively_or_below_a_manifest_of_its_own(tmp_path, monkeypatch,
+                                                                                            sample):
+    """A relative destination is judged from the working folder up (`cd bundle/engines; deepjit pull REF new`),
+    and a bundle file named manifest.json (no bundle's) on the way up hides no bundle above it."""
+    files, manifest = sample
+    outer = write_bundle(tmp_path / "b", {**files, "docs/manifest.json": b'{"name": "my web app"}'}, manifest,
+                         archive=False)
+    inner = write_bundle(tmp_path / "other", files, manifest)
+    dest = outer.path / "docs" / "yolo"
+    with pytest.raises(BundleError, match=f"{dest}: inside the bundle {outer.path}, which would no longer verify"):
+        unpack_bundle(inner.archive, dest)
+    monkeypatch.chdir(outer.path / "docs")
+    with pytest.raises(BundleError, match=f"new: inside the bundle {outer.path}, which would no longer verify"):
+        unpack_bundle(inner.archive, Path("new"))
+    assert read_bundle(outer.path).digest == outer.digest  # still verifies
+
+
 def test_a_file_that_is_no_archive_says_what_a_bundle_is(tmp_path):
     (tmp_path / "README.md").write_text("# not a bundle\n")
     with pytest.raises(BundleError, match=r"README.md: archive is truncated or corrupt \(.*\); a bundle is a folder "
