@@ -548,6 +548,24 @@ def test_a_tensor_name_taken_by_another_tensor_or_the_workspace_is_refused(tmp_p
     assert [s.name for s in signature(_hostile(tmp_path, name="x_{{ i }}", repeat="2"), {})] == ["x_0", "x_1"]
 
 
+@pytest.mark.parametrize("output, says", [
+    ("x", r"h\.yaml: outputs\[0\]\.name: 'x' is already the name of inputs\[0\]; allowed: one tensor a name"),
+    ("workspace", r"h\.yaml: outputs\[0\]\.name: 'workspace' names the kernel's scratch buffer"),
+])
+def test_an_output_named_as_an_input_or_the_workspace_is_refused(tmp_path, output, says):
+    """An output of an input's name wrote into the buffer the kernel reads, one named workspace into its scratch."""
+    (tmp_path / "h.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
+    (tmp_path / "h.yaml").write_text(textwrap.dedent(f"""\
+        name: h
+        template: h.cu.j2
+        inputs: [{{name: x, dtype: float32, shape: [4]}}]
+        outputs: [{{name: {output}, dtype: float32, shape: [4]}}]
+        entry_points: [{{name: k, symbol: k, block: [1], grid: [1], args: []}}]
+        """))
+    with pytest.raises(KernelError, match=says):
+        signature(load_contract(str(tmp_path / "h.yaml")), {})
+
+
 def test_an_entry_point_name_given_twice_is_refused(tmp_path):
     """Entry point names label their launches and kernels (nms, 'nms (batch 16+)'); two of one name were accepted."""
     c = load_contract("nms")
