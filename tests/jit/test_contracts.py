@@ -496,15 +496,16 @@ def test_a_repeat_past_its_bounds_is_a_kernel_error_naming_the_field(tmp_path, r
     assert [s.name for s in signature(_hostile(tmp_path, name="x_{{ i }}", repeat="2"), {})] == ["x_0", "x_1"]
 
 
-@pytest.mark.parametrize("kind, default", [("str", "'a'"), ("list", "[1]"), ("bool", "true")])
-def test_min_and_max_bound_only_a_number_param(tmp_path, kind, default):
+@pytest.mark.parametrize("kind, default, bound", [("str", "'a'", "min"), ("list", "[1]", "min"), ("bool", "true", "min"),
+                                                 ("str", "'a'", "max"), ("list", "[1]", "max")])
+def test_min_and_max_bound_only_a_number_param(tmp_path, kind, default, bound):
     """Checking a str or list value against them raised TypeError (exit 3) when the param was resolved."""
     (tmp_path / "p.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
     (tmp_path / "p.yaml").write_text(textwrap.dedent(f"""\
         name: p
         template: p.cu.j2
         params:
-          flavour: {{type: {kind}, default: {default}, min: 2}}
+          flavour: {{type: {kind}, default: {default}, {bound}: 2}}
         entry_points: [{{name: k, symbol: k, block: [1], grid: [1], args: []}}]
         """))
     with pytest.raises(KernelError, match=rf"p\.yaml:4:\d+: params\.flavour: min and max bound an int or float param; "
@@ -533,6 +534,10 @@ def test_a_param_default_outside_its_own_bounds_is_refused_at_load(tmp_path, par
         """))
     with pytest.raises(KernelError, match=says):
         load_contract(str(tmp_path / "p.yaml"))
+    (tmp_path / "p.yaml").write_text((tmp_path / "p.yaml").read_text().replace(param, "{type: int, default: 3, min: 3, "
+                                                                                      "max: 3}"))
+    c = load_contract(str(tmp_path / "p.yaml"))  # min equal to max allows that one value
+    assert resolve_params(c, {})["flavour"] == 3
 
 
 @pytest.mark.parametrize("name, repeat, says", [
