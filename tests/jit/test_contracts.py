@@ -486,14 +486,15 @@ def test_a_launch_size_that_is_no_whole_number_is_a_kernel_error_naming_the_fiel
     assert workspace_bytes(_hostile(tmp_path, workspace="16 / 4"), {}, {}) == 4
 
 
-@pytest.mark.parametrize("repeat", ["10**9", "-2", "true"])
+@pytest.mark.parametrize("repeat", ["10**9", "100001", "-2", "-1", "true"])
 def test_a_repeat_past_its_bounds_is_a_kernel_error_naming_the_field(tmp_path, repeat):
     """10**9 made a context per tensor until memory ran out (exit 3); -2 made no tensor, true one, silently."""
     c = _hostile(tmp_path, name="x_{{ i }}", repeat=repeat)
     with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]\.repeat: must be an int from 0 to 100000 once params "
-                                          r"are known, got (1000000000|-2|True)$"):
+                                          r"are known, got (1000000000|100001|-2|-1|True)$"):
         signature(c, {})
     assert [s.name for s in signature(_hostile(tmp_path, name="x_{{ i }}", repeat="2"), {})] == ["x_0", "x_1"]
+    assert signature(_hostile(tmp_path, name="x_{{ i }}", repeat="0"), {}) == ()  # 0 is allowed: no tensor
 
 
 @pytest.mark.parametrize("kind, default, bound", [("str", "'a'", "min"), ("list", "[1]", "min"), ("bool", "true", "min"),
