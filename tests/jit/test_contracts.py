@@ -397,6 +397,9 @@ def test_kernel_args_get_explicit_c_types():
     with pytest.raises(KernelError, match="'p' is a pointer"):
         pack_arg("p", "ptr", 1.5)
     assert pack_arg("agnostic", "i32", True) == 1 and pack_arg("n", "i64", 2.0) == 2
+    assert pack_arg("agnostic", "i32", np.True_) == 1 and pack_arg("n", "u32", np.int64(2**32 - 1)) == 2**32 - 1
+    assert pack_arg("t", "f32", float("inf")) == np.float32("inf")      # inf and NaN a float arg holds as they are
+    assert np.isnan(pack_arg("t", "f32", float("nan"))) and np.isnan(pack_arg("t", "f64", float("nan")))
 
 
 @pytest.mark.parametrize("kind, value", [
