@@ -43,6 +43,7 @@ def tree(root: Path) -> dict[str, bytes]:
     ("file:///srv/store", Ref("file:///srv/store")),
     (f"file:///srv/store@sha256:{HEX}", Ref("file:///srv/store", None, f"sha256:{HEX}")),
     ("file:///srv/team@x/store:v1", Ref("file:///srv/team@x/store", "v1")),  # an '@' in a folder: no digest
+    ("file:///srv/team:x/store:v1", Ref("file:///srv/team:x/store", "v1")),  # a ':' above the store folder
     (f"file:///srv/team@x/store@sha256:{HEX}", Ref("file:///srv/team@x/store", None, f"sha256:{HEX}")),
     ("oci://127.0.0.1:5000/team/yolo:v1.2-rc_3", Ref("oci://127.0.0.1:5000/team/yolo", "v1.2-rc_3")),
     ("oci://localhost/yolo", Ref("oci://localhost/yolo")),
