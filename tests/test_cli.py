@@ -1,4 +1,5 @@
 """The command line, through a subprocess, as a user runs it."""
+import errno
 import json
 import os
 import subprocess
@@ -297,6 +298,26 @@ def test_a_full_disk_under_stdout_is_named_not_reported_as_a_bug():
     assert r.returncode == 2 and "Traceback" not in r.stderr and "a bug" not in r.stderr, r.stderr
     assert "error: writing the output: No space left on device; free some space (or quota) and run it again" \
         in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_or_quota_is_named_inside_a_command_or_printing_its_result(monkeypatch, capsys, code):
+    """A quota runs out as a disk fills (EDQUOT): either, while a command writes a file or prints its
+    result, was exit 3, 'internal error ... a bug'."""
+    from deepjit_compiler import cli
+
+    def full(*_):
+        raise OSError(code, os.strerror(code), "/out/b.tar.gz")
+
+    monkeypatch.setattr(cli, "json_schema", full)
+    assert cli.main(["schema"]) == 2
+    assert capsys.readouterr().err == (f"error: /out/b.tar.gz: {os.strerror(code)}; free some space (or quota) and "
+                                       "run it again\n")
+    monkeypatch.undo()
+    monkeypatch.setattr(cli, "_emit_json", full)  # outside `working`: as stdout on a full disk
+    assert cli.main(["schema"]) == 2
+    assert capsys.readouterr().err == (f"error: /out/b.tar.gz: {os.strerror(code)}; free some space (or quota) and "
+                                       "run it again\n")
 
 
 @pytest.mark.parametrize("name, text", [("m.json", '{"irVersion": "x"}'), ("m.textproto", "garbage {"),
