@@ -68,11 +68,17 @@ def test_a_bundle_never_chooses_where_the_timing_cache_is_written(bundle, tmp_pa
     assert "ignoring its engine.settings.timing_cache" in caplog.text
 
 
-@pytest.mark.parametrize("kind", ["folder", "fifo"])
+@pytest.mark.parametrize("kind", ["folder", "fifo", "dangling link"])
 def test_a_timing_cache_that_is_not_a_file_is_refused_before_any_build(bundle, tmp_path, kind):
     """It was found only by TensorRT, after the bundle was read (a FIFO would block its read)."""
     cache = tmp_path / "cache"
-    cache.mkdir() if kind == "folder" else os.mkfifo(cache)
-    with pytest.raises(OutputError, match=f"^--timing-cache {cache}: is not a file; give TensorRT's timing cache "
-                                          r"file \(it is created if missing\)$"):
-        materialize_bundle(bundle, timing_cache=cache)
+    if kind == "folder":
+        cache.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(cache)
+    else:
+        cache.symlink_to(tmp_path / "nowhere")
+    for path in (bundle, tmp_path / "no-bundle"):  # before the bundle is read: a missing one is not named first
+        with pytest.raises(OutputError, match=f"^--timing-cache {cache}: is not a file; give TensorRT's timing cache "
+                                              r"file \(it is created if missing\)$"):
+            materialize_bundle(path, timing_cache=cache)
