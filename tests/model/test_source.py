@@ -51,6 +51,18 @@ def test_sizes_the_strides_divide_pass(tmp_path):
     assert check_inputs(loaded, onnx.load(str(tmp_path / "skip.onnx"))) is None
 
 
+def test_a_model_input_of_unknown_rank_is_taken_as_the_spec_describes_it(tmp_path):
+    """An input that declares no shape at all (rank unknown) was read as rank 0 and refused: 'has rank 0 []'."""
+    loaded = spec_for(tmp_path, 16, 32, 64)
+    model = skip_model()
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, None))
+    assert check_inputs(loaded, model) is None
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT16, None))
+    with pytest.raises(SpecError, match=r"spec\.yaml: inputs\.x\.dtype: the model's 'x' is float16, the spec says "
+                                        r"float32$"):
+        check_inputs(loaded, model)
+
+
 @pytest.mark.parametrize("lo, opt, hi, which, bad", [(30, 32, 64, "min", 30), (16, 33, 64, "opt", 33),
                                                        (16, 32, 66, "max", 66)])
 def test_a_size_the_strides_do_not_divide_is_named(tmp_path, lo, opt, hi, which, bad):
