@@ -178,6 +178,7 @@ def test_a_template_that_loops_silently_is_stopped(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("headers, says", [
+    ("[gone.cuh]", r"t\.yaml: header 'gone\.cuh' not found in [^,]*mine, [^,]*templates$"),  # each folder once
     ("[sub]", r"t\.yaml: header 'sub' is not a file in .*mine; allowed: a file"),
     ("[part.cuh, part.cuh]", r"t\.yaml:3:\d+: headers: 'part\.cuh' is given twice; allowed: each once"),
 ])
