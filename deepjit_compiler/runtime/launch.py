@@ -60,7 +60,7 @@ def _fits(dtype: np.dtype, value: Any) -> bool:
     if not isinstance(value, (int, float, np.integer, np.floating, np.bool_)):
         return False
     if dtype.kind == "f":  # inf and nan pass as they are
-        return abs(value) <= float(np.finfo(dtype).max) or isinstance(value, float) and not math.isfinite(value)
+        return not math.isfinite(float(value)) or abs(float(value)) <= float(np.finfo(dtype).max)
     info = np.iinfo(dtype)
     return info.min <= value <= info.max and float(value).is_integer()
 

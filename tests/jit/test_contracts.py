@@ -400,6 +400,7 @@ def test_kernel_args_get_explicit_c_types():
     assert pack_arg("agnostic", "i32", np.True_) == 1 and pack_arg("n", "u32", np.int64(2**32 - 1)) == 2**32 - 1
     assert pack_arg("t", "f32", float("inf")) == np.float32("inf")      # inf and NaN a float arg holds as they are
     assert np.isnan(pack_arg("t", "f32", float("nan"))) and np.isnan(pack_arg("t", "f64", float("nan")))
+    assert np.isnan(pack_arg("t", "f32", np.float32("nan"))) and pack_arg("t", "f64", np.float32("-inf")) == -np.inf
 
 
 @pytest.mark.parametrize("kind, value", [
