@@ -41,7 +41,14 @@ _held: dict[str, int] = {}  # output locks this process holds, and how deep
 
 
 def cannot_write(path: Path, e: OSError) -> OutputError:
-    return OutputError(f"{path}: cannot write ({e.strerror or e}); nothing was left half-written")
+    blocker = _file_on_path(Path(path)) if e.errno in (errno.EEXIST, errno.ENOTDIR) else None
+    why = f"{blocker} is a file, not a folder" if blocker else e.strerror or e  # mkdir's EEXIST said only that
+    return OutputError(f"{path}: cannot write ({why}); nothing was left half-written")
+
+
+def _file_on_path(path: Path) -> Path | None:
+    """The first folder on `path`'s way (from the root down) that is something else, or None."""
+    return next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
 
 
 # ---------------------------------------------------------------------------- reading

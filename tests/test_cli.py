@@ -289,6 +289,17 @@ def test_a_path_with_a_name_too_long_is_bad_input_not_a_bug(tmp_path, t4_build):
             assert json.loads(r.stdout)["error"]["exit_code"] == 2
 
 
+def test_an_output_under_a_file_names_that_file(tmp_path):
+    """`model synth -o notes.txt/m.onnx` with notes.txt a file said only 'cannot write (File exists)'."""
+    (tmp_path / "notes.txt").write_text("a user's")
+    out = tmp_path / "notes.txt" / "sub" / "m.onnx"
+    r = run_cli("model", "synth", "yolov8n", "-o", str(out))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: {out}: cannot write ({tmp_path / 'notes.txt'} is a file, not a folder); nothing was left " \
+           "half-written" in r.stderr, r.stderr
+    assert (tmp_path / "notes.txt").read_text() == "a user's"
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device every write to fails, ENOSPC)")
 def test_a_full_disk_under_stdout_is_named_not_reported_as_a_bug():
     """`deepjit schema > /dev/full`: ENOSPC writing the result was exit 3, 'internal error ... a bug'."""

@@ -427,7 +427,7 @@ def test_a_write_the_file_system_refuses_is_an_output_error(tmp_path, sample, mo
 
     files, manifest = sample
     (tmp_path / "afile").write_text("")
-    with pytest.raises(OutputError, match=r"afile/b: cannot write \((Not a directory|File exists)\)"):
+    with pytest.raises(OutputError, match=r"afile/b: cannot write \(.*/afile is a file, not a folder\)"):
         write_bundle(tmp_path / "afile" / "b", files, manifest)
     real = os.replace
 
