@@ -5,6 +5,7 @@ params (and `i` inside `repeat`). A bare name that is neither a param nor a boun
 dim, bound at launch from the tensors' actual shapes."""
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from functools import lru_cache
@@ -49,9 +50,16 @@ MAX_POW_BITS = 1 << 12   # bits an int `**` may make: 10**10**10 would hold the 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
     """Jinja's immutable sandbox, with `*` and `**` bounded: contracts and templates come from users
     and pulled bundles, and `'a' * 10**10` or `9**9**9` would exhaust memory or time before any
-    error. Intercepting also stops Jinja folding such constants at compile time."""
+    error. Intercepting also stops Jinja folding such constants at compile time. So are the str
+    methods and filters whose arguments choose their result's size (`'a'.ljust(10**10)`, `|center`,
+    `replace`): one call builds it, before any bound on the whole render could see it."""
 
     intercepted_binops = frozenset({"*", "**"})
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, check in _FILTER_CHECKS.items():
+            self.filters[name] = _checked(self.filters[name], check)
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
@@ -60,6 +68,56 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         else:
             _check_power(left, right)
         return super().call_binop(context, operator, left, right)
+
+    def call(self, context, obj, /, *args, **kwargs) -> Any:
+        owner = getattr(obj, "__self__", None)
+        if isinstance(owner, str) and getattr(obj, "__name__", "") in _STR_CHECKS:
+            _STR_CHECKS[obj.__name__](owner, *args, **kwargs)
+        return super().call(context, obj, *args, **kwargs)
+
+
+def _check_size(size: int, what: str) -> None:
+    if size > MAX_REPEAT:
+        raise OverflowError(f"{what} makes more than {MAX_REPEAT} characters; the sandbox refuses it")
+
+
+def _check_width(s: Any, width: Any = 0, *_, **__) -> None:
+    if _int(width):
+        _check_size(width, f"padding to a width of {width}")
+
+
+def _check_replace(s: Any, old: Any = "", new: Any = "", count: Any = -1, *_, **__) -> None:
+    if isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
+        n = s.count(old) if old else len(s) + 1
+        if _int(count) and count >= 0:
+            n = min(n, count)
+        _check_size(len(s) + n * (len(new) - len(old)), f"replacing {n} times")
+
+
+def _check_tabs(s: Any, tabsize: Any = 8, *_, **__) -> None:
+    if isinstance(s, str) and _int(tabsize):
+        _check_size(len(s) + s.count("\t") * tabsize, f"tabs of {tabsize}")
+
+
+def _check_indent(s: Any, width: Any = 4, *_, **__) -> None:
+    step = width if _int(width) else len(width) if isinstance(width, str) else 0
+    if isinstance(s, str):
+        _check_size(len(s) + (s.count("\n") + 1) * step, f"indenting by {width!r}")
+
+
+_STR_CHECKS = {"ljust": _check_width, "rjust": _check_width, "center": _check_width, "zfill": _check_width,
+               "replace": _check_replace, "expandtabs": _check_tabs}
+# the filters' checks; `replace` takes the evaluation context first
+_FILTER_CHECKS = {"center": _check_width, "indent": _check_indent,
+                  "replace": lambda ctx, *args, **kwargs: _check_replace(*args, **kwargs)}
+
+
+def _checked(f, check):
+    @functools.wraps(f)  # keeps jinja_pass_arg: the replace filter is still handed its context
+    def bounded(*args, **kwargs):
+        check(*args, **kwargs)
+        return f(*args, **kwargs)
+    return bounded
 
 
 def _int(value: Any) -> bool:

@@ -156,6 +156,12 @@ def test_a_template_includes_files_of_its_folder_and_deepjits_templates(tmp_path
     ("{{ 'a' * 5000000 }}\n", r"OverflowError: repeating a str of 1 items 5000000 times .* the sandbox refuses it"),
     ("{{ 2 ** 5000 }}\n", r"OverflowError: 2 \*\* 5000 has more than 4096 bits"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}\n", r"RecursionError"),
+    ("{{ 'a'.ljust(10**10) }}\n", r"OverflowError: padding to a width of 10000000000 makes more than 4194304 characters"),
+    ("{{ 'a'|center(10**10) }}\n", r"OverflowError: padding to a width of 10000000000 makes more than 4194304 characters"),
+    ("{{ ('ab' * 2000000).replace('a', 'aaa') }}\n", r"OverflowError: replacing 2000000 times makes more than 4194304"),
+    ("{{ ('ab' * 2000000)|replace('a', 'aaa') }}\n", r"OverflowError: replacing 2000000 times makes more than 4194304"),
+    ("{{ 'x'|indent(10**9) }}\n", r"OverflowError: indenting by 1000000000 makes more than 4194304 characters"),
+    ("{{ '\t'.expandtabs(10**9) }}\n", r"OverflowError: tabs of 1000000000 makes more than 4194304 characters"),
     ("{% for i in range(10**5) %}{% for j in range(10**5) %}x{% endfor %}{% endfor %}\n",
      r"OverflowError: the template renders more than 16777216 characters; the sandbox refuses it"),
 ])
@@ -213,3 +219,12 @@ def test_a_template_renders_outside_the_main_thread(tmp_path):
         hostile = _contract(tmp_path, "{% for i in range(10**5) %}{% for j in range(10**5) %}x{% endfor %}{% endfor %}\n")
         with pytest.raises(KernelError, match=r"OverflowError: the template renders more than 16777216 characters"):
             pool.submit(render_kernel, hostile, {}).result()
+
+
+def test_the_bounded_str_methods_and_filters_still_work_within_their_bounds(tmp_path):
+    """Each built the whole value in one call (`'a'.ljust(10**10)`) before any bound could see it; bounded now,
+    they keep their meaning."""
+    source = ("// {{ 'ab'.ljust(4) }}|{{ 'ab'|center(6) }}|{{ 'a-b'.replace('-', '+') }}|{{ 'a-b'|replace('-', '++', 1) }}"
+              "|{{ '7'.zfill(3) }}|{{ 'x'|indent(2, true) }}|{{ 'a\tb'.expandtabs(2) }}\n")
+    _, src = render_kernel(_contract(tmp_path, source), {})
+    assert src.code.splitlines()[0] == "// ab  |  ab  |a+b|a++b|007|  x|a b"
