@@ -224,7 +224,7 @@ def check_launch_limits(loaded: LoadedSpec, plan) -> list[str]:
     checked = set()
     for batch in layout.launch_batches:
         try:
-            found = list(layout.launch_geometry(batch))
+            found = list(layout.planned_launches(batch))
         except (KernelError, RuntimeInputError) as e:  # a contract whose shapes or expressions do not fit the plan
             raise KernelError(f"{loaded.path}: at batch {batch}: {e}") from None
         for kernel, launches in found:

@@ -372,7 +372,7 @@ class Layout:
                 shapes.update(kernel_outputs(k, kernel_dims(k, shapes)))
         return shapes
 
-    def launch_geometry(self, batch: int) -> Iterator[tuple[KernelInfo, tuple[Launch, ...]]]:
+    def planned_launches(self, batch: int) -> Iterator[tuple[KernelInfo, tuple[Launch, ...]]]:
         """Each kernel's launches at `batch`, the inputs' other dims at their max, as the runtime prepares
         that batch's bucket when it loads: their args resolved against buffers not allocated (None pointers)
         and the workspace sized, so an arg that names nothing or a workspace that does not evaluate is
@@ -389,7 +389,7 @@ class Layout:
                 if all(name in shapes for name in k.reads):
                     dims = kernel_dims(k, shapes)
                     shapes.update(kernel_outputs(k, dims))
-                    kernel_workspace(k, dims)
+                    kernel_workspace(k, dims)  # its size is the runtime's to use: here only refused if bad
                     yield k, launches(k.contract, k.params, dims, _unallocated(k, dims))
 
 
