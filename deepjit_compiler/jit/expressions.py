@@ -16,6 +16,7 @@ from jinja2 import meta
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
 from ..errors import KernelError, closest
+from .bounds import deadline, memory_bound
 
 CTYPES = {"float32": "float", "float16": "__half", "int32": "int", "uint8": "unsigned char",
           "int64": "long long", "uint32": "unsigned int"}
@@ -44,7 +45,9 @@ _GLOBALS = {"is_static": _is_static, "ceil_div": _ceil_div, "pow2ceil": _pow2cei
 
 
 MAX_REPEAT = 1 << 22     # items a `*` may make of a str/list/tuple: jinja2's MAX_RANGE bounds range() only
-MAX_POW_BITS = 1 << 12   # bits an int `**` may make: 10**10**10 would hold the build for hours
+MAX_POW_BITS = 1 << 12   # bits an int `**` or `*` may make: 10**10**10 would hold the build for hours
+EXPRESSION_BYTES = 1 << 30  # memory one expression may take: `list` of a long `map` is bounded by nothing else
+EXPRESSION_SECONDS = 30.0   # time a contract string's `{% for %}` loops may take (a plain expression has none)
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -58,6 +61,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        del self.globals["lipsum"]  # n paragraphs of lorem ipsum, n unbounded: no kernel needs it
         for name, check in _FILTER_CHECKS.items():
             self.filters[name] = _checked(self.filters[name], check)
 
@@ -65,6 +69,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if operator == "*":
             _check_repeat(left, right)
             _check_repeat(right, left)
+            _check_product(left, right)
         else:
             _check_power(left, right)
         return super().call_binop(context, operator, left, right)
@@ -129,6 +134,13 @@ def _check_power(base: Any, exp: Any) -> None:
         raise OverflowError(f"{base} ** {exp} has more than {MAX_POW_BITS} bits; the sandbox refuses it")
 
 
+def _check_product(a: Any, b: Any) -> None:
+    # `x*x` nested k deep makes 2**k times x's bits: a 4,096-bit x nested 20 deep multiplies for hours
+    if _int(a) and _int(b) and a.bit_length() + b.bit_length() > MAX_POW_BITS:
+        raise OverflowError(f"a product of {a.bit_length()} and {b.bit_length()} bits has more than {MAX_POW_BITS} "
+                            "bits; the sandbox refuses it")
+
+
 def _check_repeat(seq: Any, times: Any) -> None:
     if isinstance(seq, (str, bytes, list, tuple)) and _int(times) and len(seq) * times > MAX_REPEAT:
         raise OverflowError(f"repeating a {type(seq).__name__} of {len(seq)} items {times} times makes more "
@@ -169,7 +181,8 @@ def expand(text: Any, ctx: Mapping[str, Any], where: str = "kernel contract") ->
     if not isinstance(text, str) or ("{{" not in text and "{%" not in text):
         return text
     try:
-        return _template(text).render(**ctx).strip()
+        with memory_bound(EXPRESSION_BYTES, "the expression"), deadline(EXPRESSION_SECONDS, "the expression runs"):
+            return _template(text).render(**ctx).strip()
     except jinja2.TemplateSyntaxError as e:
         raise KernelError(f"{where}: bad template string {text!r}: {e.message}") from None
     except Exception as e:  # the string is user input: any failure (sandbox, overflow, undefined) is its fault
@@ -188,19 +201,20 @@ def evaluate(expr: Any, ctx: Mapping[str, Any], where: str) -> Any:
     if not isinstance(text, str):
         return text
     text = text.strip()
-    try:
-        missing = undeclared(text) - set(ctx)
+    try:  # parsing folds constants (`'%9999999999d' % 1`, `'x'*9|list`) as calling does: both bounded
+        with memory_bound(EXPRESSION_BYTES, "the expression"):
+            missing = undeclared(text) - set(ctx)
+            if not missing:
+                value = _compiled(text)(**ctx)
     except jinja2.TemplateSyntaxError as e:
         raise KernelError(f"{where}: bad expression {text!r}: {e.message}") from None
+    except Exception as e:  # the expression is user input: any failure is the contract's fault
+        raise KernelError(f"{where}: cannot evaluate {text!r}: {type(e).__name__}: {e}") from None
     if missing:
         if text.isidentifier():
             return text
         raise KernelError(f"{where}: {text!r} uses {', '.join(sorted(missing))}, which are neither params "
                           f"nor bound dims{closest(sorted(missing)[0], ctx)}")
-    try:
-        value = _compiled(text)(**ctx)
-    except Exception as e:  # the expression is user input: any failure is the contract's fault
-        raise KernelError(f"{where}: cannot evaluate {text!r}: {type(e).__name__}: {e}") from None
     if (undefined := _undefined_in(value)) is not None:  # else int(value) raises jinja2's error later
         raise KernelError(f"{where}: {text!r} is undefined: {undefined._undefined_message}")
     return value

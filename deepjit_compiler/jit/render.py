@@ -5,14 +5,11 @@ reported against the template the user wrote, not the generated source (see `Ker
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import re
-import signal
-import threading
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -26,6 +23,7 @@ from jinja2.exceptions import SecurityError
 
 from ..config import data_dir
 from ..errors import KernelError, closest
+from .bounds import deadline, memory_bound
 from .contracts import Contract, contract_file, entry_symbols, load_contract, resolve_params
 from .expressions import BoundedSandbox
 
@@ -34,10 +32,11 @@ log = logging.getLogger("deepjit.render")
 _MARK = re.compile(r"/\*@@(\d+):(\d+)@@\*/")
 
 # Bounds on one render. The sandbox bounds each `range`, `*` and `**`, not loops nested in each other:
-# a template from a pulled bundle could otherwise print until memory ends, or loop silently for hours.
-# Real kernels render to well under 1 MB in milliseconds.
+# a template from a pulled bundle could otherwise print until memory ends, loop silently for hours, or
+# build ever larger strings it never prints. Real kernels render to well under 1 MB in milliseconds.
 MAX_SOURCE_CHARS = 1 << 24
 RENDER_SECONDS = 30.0
+RENDER_BYTES = 1 << 30
 
 
 class _LineMarks(jinja2.ext.Extension):
@@ -189,7 +188,7 @@ def _render_error(e: Exception, contract: Contract, params: Mapping[str, Any]) -
 def _bounded_render(template: jinja2.Template, context: Mapping[str, Any]) -> str:
     """The template's text, refused past MAX_SOURCE_CHARS or RENDER_SECONDS (OverflowError, TimeoutError)."""
     parts, size = [], 0
-    with _deadline(RENDER_SECONDS):
+    with deadline(RENDER_SECONDS, "the template renders"):
         for chunk in template.generate(**context):
             size += len(chunk)
             if size > MAX_SOURCE_CHARS:
@@ -199,33 +198,14 @@ def _bounded_render(template: jinja2.Template, context: Mapping[str, Any]) -> st
     return "".join(parts)
 
 
-@contextlib.contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    """TimeoutError in the block after `seconds`, by SIGALRM: only the main thread can take it, so
-    elsewhere (a server's worker thread) the block runs unbounded in time, bounded in output still."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def expire(signum, frame):
-        raise TimeoutError(f"the template renders for more than {seconds:g} s; the sandbox refuses it")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def render(contract: Contract, params: Mapping[str, Any]) -> KernelSource:
     """Render a contract's template with resolved params (see contracts.resolve_params)."""
     search = (str(contract.template_path.parent), str(data_dir("templates")))
     env = environment(search, str(contract.path))
     name = contract.template_path.name
     try:
-        text = _bounded_render(env.get_template(name), {**params, "contract_name": contract.name})
+        with memory_bound(RENDER_BYTES, "the template"):
+            text = _bounded_render(env.get_template(name), {**params, "contract_name": contract.name})
     except Exception as e:  # the template is user input: any failure is its fault (exit 2), not DeepJIT's bug
         raise _render_error(e, contract, params) from None
     code, origin = _strip_marks(text)

@@ -11,7 +11,8 @@ import yaml
 
 from deepjit_compiler.errors import BundleError, KernelError, RuntimeInputError
 from deepjit_compiler.graph.tensors import TensorSig
-from deepjit_compiler.jit import contract_models
+from deepjit_compiler.jit import contract_models, expressions
+from deepjit_compiler.jit.bounds import memory_bound
 from deepjit_compiler.jit.contracts import (
     batch_thresholds,
     bind_dims,
@@ -463,12 +464,32 @@ def _hostile(tmp_path, workspace: str = "0", name: str = "x", repeat: str | None
     ("len('a' * 5000000)", r"OverflowError: repeating a str of 1 items 5000000 times"),
     ("len([0] * 5000000)", r"OverflowError: repeating a list of 1 items 5000000 times"),
     ("2 ** 5000", r"OverflowError: 2 \*\* 5000 has more than 4096 bits"),
+    # squared k deep it has 2**k times the bits: 20 deep multiplied for hours
+    ("(2 ** 3000) * (2 ** 3000)", r"OverflowError: a product of 3001 and 3001 bits has more than 4096 bits"),
 ])
 def test_a_hostile_expression_is_a_kernel_error_naming_the_file_and_field(tmp_path, expr, message):
     """The sandbox's unsafe-attribute Undefined and oversized results are the contract's fault (exit 2)."""
     c = _hostile(tmp_path, workspace=expr)
     with pytest.raises(KernelError, match=r"h\.yaml: workspace: .*" + message):
         workspace_bytes(c, {}, {})
+
+
+@pytest.mark.parametrize("expr", [
+    "(['a' * 4000000] * 64)|map('upper')|list|length",   # 256 MB when called
+    "'%500000000d' % 1",                                  # folded as a constant when parsed: 500 MB, twice
+    "'%500000000d'|format(1)",
+    "'{{ '%300000000d' % 1 }}'",                           # a template string, expanded first
+])
+def test_an_expression_that_builds_past_its_memory_bound_is_a_kernel_error(tmp_path, monkeypatch, expr):
+    """Each took all the memory there was at full size (`'%9999999999d' % 1`). The parse folds constants, so
+    it is bounded too: outside the expression's bound the fold took what the caller's bound (or, at full
+    size, the machine) had, failing with no word of why."""
+    monkeypatch.setattr(expressions, "EXPRESSION_BYTES", 64 << 20)
+    c = _hostile(tmp_path, workspace=expr)
+    with memory_bound(768 << 20, "the test"):
+        with pytest.raises(KernelError, match=r"h\.yaml: workspace: cannot (evaluate|expand) .*: MemoryError: "
+                                              r"the expression needs more than 64 MiB of memory"):
+            workspace_bytes(c, {}, {})
 
 
 def test_a_hostile_template_string_is_a_kernel_error_naming_the_file_and_field(tmp_path):

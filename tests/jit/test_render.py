@@ -183,6 +183,28 @@ def test_a_template_that_loops_silently_is_stopped(tmp_path, monkeypatch):
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the timer is off again
 
 
+@pytest.mark.parametrize("source", [
+    "{{ '%300000000d' % 1 }}\n",                                         # a printf width: one call, 300 MB
+    "{{ '{:300000000}'.format(1) }}\n",
+    "{% set ns = namespace(s='a' * 4000000) %}{% for i in range(7) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+    "{{ ns.s|length }}\n",                                               # doubled, never printed: 512 MB
+    "{{ (['a' * 4000000] * 64)|map('upper')|list|length }}\n",           # each item a new string: 256 MB
+])
+def test_a_template_that_builds_past_its_memory_bound_is_stopped(tmp_path, monkeypatch, source):
+    """Each of these is within the sandbox's bounds on one operation (and prints little) yet took all the
+    memory there was at full size (`'%9999999999d' % 1`, 40 doublings): the render's memory is bounded."""
+    monkeypatch.setattr(render_module, "RENDER_BYTES", 64 << 20)
+    with pytest.raises(KernelError, match=r"t\.cu\.j2(:1)?: rendering the template of .*t\.yaml failed: MemoryError: "
+                                          r"the template needs more than 64 MiB of memory; the sandbox refuses it"):
+        render_kernel(_contract(tmp_path, source), {})
+
+
+def test_lorem_ipsum_is_not_in_the_sandbox(tmp_path):
+    """`lipsum(n)` made n paragraphs, n unbounded; no kernel needs it."""
+    with pytest.raises(KernelError, match=r"t\.cu\.j2:1: 'lipsum' is undefined"):
+        render_kernel(_contract(tmp_path, "{{ lipsum(10**9) }}\n"), {})
+
+
 @pytest.mark.parametrize("headers, says", [
     ("[gone.cuh]", r"t\.yaml: header 'gone\.cuh' not found in [^,]*mine, [^,]*templates$"),  # each folder once
     ("[sub]", r"t\.yaml: header 'sub' is not a file in .*mine; allowed: a file"),
