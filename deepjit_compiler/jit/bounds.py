@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import threading
 from collections.abc import Iterator
-
-try:
-    import resource
-except ImportError:  # not on Windows: there the memory bound is off
-    resource = None  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
@@ -52,9 +48,9 @@ def memory_bound(extra: int, what: str) -> Iterator[None]:
     machine out of memory rather than failing (the kernel allows a large overcommit). It lowers the
     process's soft RLIMIT_AS for the block and puts it back after, so it bounds every thread for that
     time: only the main thread sets it (a build or validate renders there alone; a server's worker thread
-    must not make its neighbours' allocations fail), and only where the platform has the limit and /proc."""
+    must not make its neighbours' allocations fail), and only where /proc tells what the process maps."""
     main = threading.current_thread() is threading.main_thread()
-    used = _address_space() if main and resource is not None else None
+    used = _address_space() if main else None
     if used is None:
         yield
         return
