@@ -47,7 +47,7 @@ _GLOBALS = {"is_static": _is_static, "ceil_div": _ceil_div, "pow2ceil": _pow2cei
 MAX_REPEAT = 1 << 22     # items a `*` may make of a str/list/tuple: jinja2's MAX_RANGE bounds range() only
 MAX_POW_BITS = 1 << 12   # bits an int `**` or `*` may make: 10**10**10 would hold the build for hours
 EXPRESSION_BYTES = 1 << 30  # memory one expression may take: `list` of a long `map` is bounded by nothing else
-EXPRESSION_SECONDS = 30.0   # time a contract string's `{% for %}` loops may take (a plain expression has none)
+EXPRESSION_SECONDS = 30.0   # time one expression or contract string may take: filters loop too (`[1]|slice(10**15)|max`)
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -202,7 +202,7 @@ def evaluate(expr: Any, ctx: Mapping[str, Any], where: str) -> Any:
         return text
     text = text.strip()
     try:  # parsing folds constants (`'%9999999999d' % 1`, `'x'*9|list`) as calling does: both bounded
-        with memory_bound(EXPRESSION_BYTES, "the expression"):
+        with memory_bound(EXPRESSION_BYTES, "the expression"), deadline(EXPRESSION_SECONDS, "the expression runs"):
             missing = undeclared(text) - set(ctx)
             if not missing:
                 value = _compiled(text)(**ctx)

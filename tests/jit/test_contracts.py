@@ -492,6 +492,18 @@ def test_an_expression_that_builds_past_its_memory_bound_is_a_kernel_error(tmp_p
             workspace_bytes(c, {}, {})
 
 
+@pytest.mark.parametrize("expr", [
+    "[1]|slice(10**15)|select|list",       # a filter's loop: 10**15 empty slices, memory flat
+])
+def test_an_expression_that_runs_past_its_deadline_is_a_kernel_error(tmp_path, monkeypatch, expr):
+    """A plain expression has no `{% for %}`, but filters loop: each ran for days."""
+    monkeypatch.setattr(expressions, "EXPRESSION_SECONDS", 0.5)
+    c = _hostile(tmp_path, workspace=expr)
+    with pytest.raises(KernelError, match=r"h\.yaml: workspace: cannot evaluate .*TimeoutError: the expression runs "
+                                          r"for more than 0\.5 s"):
+        workspace_bytes(c, {}, {})
+
+
 def test_a_hostile_template_string_is_a_kernel_error_naming_the_file_and_field(tmp_path):
     c = _hostile(tmp_path, name="x{{ range(10**6) | list | length }}")
     with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]\.name: cannot expand .*OverflowError: Range too big"):
