@@ -16,7 +16,9 @@ from collections.abc import Iterator
 @contextlib.contextmanager
 def deadline(seconds: float, what: str) -> Iterator[None]:
     """TimeoutError in the block after `seconds`, by SIGALRM: only the main thread can take it, so
-    elsewhere (a server's worker thread) the block runs unbounded in time."""
+    elsewhere (a server's worker thread) the block runs unbounded in time. It fires again each second
+    after: Jinja's constant folding (at parse time) takes any Exception for "not a constant" and runs the
+    expression again when called."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
@@ -25,7 +27,7 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
         raise TimeoutError(f"{what} for more than {seconds:g} s; the sandbox refuses it")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
         yield
     finally:

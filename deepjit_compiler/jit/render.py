@@ -185,11 +185,12 @@ def _render_error(e: Exception, contract: Contract, params: Mapping[str, Any]) -
     return KernelError(f"{where}: rendering the template of {contract.path} failed: {type(e).__name__}: {e}")
 
 
-def _bounded_render(template: jinja2.Template, context: Mapping[str, Any]) -> str:
-    """The template's text, refused past MAX_SOURCE_CHARS or RENDER_SECONDS (OverflowError, TimeoutError)."""
+def _bounded_render(env: jinja2.Environment, name: str, context: Mapping[str, Any]) -> str:
+    """The template's text, refused past MAX_SOURCE_CHARS or RENDER_SECONDS (OverflowError, TimeoutError).
+    Loading it is bounded too: compiling folds constants (`[1]|slice(1000000000000000)|max` ran for days)."""
     parts, size = [], 0
     with deadline(RENDER_SECONDS, "the template renders"):
-        for chunk in template.generate(**context):
+        for chunk in env.get_template(name).generate(**context):
             size += len(chunk)
             if size > MAX_SOURCE_CHARS:
                 raise OverflowError(f"the template renders more than {MAX_SOURCE_CHARS} characters; the sandbox "
@@ -205,7 +206,7 @@ def render(contract: Contract, params: Mapping[str, Any]) -> KernelSource:
     name = contract.template_path.name
     try:
         with memory_bound(RENDER_BYTES, "the template"):
-            text = _bounded_render(env.get_template(name), {**params, "contract_name": contract.name})
+            text = _bounded_render(env, name, {**params, "contract_name": contract.name})
     except Exception as e:  # the template is user input: any failure is its fault (exit 2), not DeepJIT's bug
         raise _render_error(e, contract, params) from None
     code, origin = _strip_marks(text)

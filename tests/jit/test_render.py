@@ -183,6 +183,17 @@ def test_a_template_that_loops_silently_is_stopped(tmp_path, monkeypatch):
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the timer is off again
 
 
+def test_a_template_that_loops_when_loaded_is_stopped(tmp_path, monkeypatch):
+    """Loading a template folds its constants: this one looped for days in get_template, outside the render's
+    deadline; and folding takes a TimeoutError for "not a constant", then loops again when rendered."""
+    monkeypatch.setattr(render_module, "RENDER_SECONDS", 0.5)
+    path = _contract(tmp_path, "{{ [1]|slice(1000000000000000)|max }}\n")
+    with pytest.raises(KernelError, match=r"t\.cu\.j2:1: rendering the template of .*t\.yaml failed: TimeoutError: "
+                                          r"the template renders for more than 0\.5 s; the sandbox refuses it"):
+        render_kernel(path, {})
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
 @pytest.mark.parametrize("source", [
     "{{ '%300000000d' % 1 }}\n",                                         # a printf width: one call, 300 MB
     "{{ '{:300000000}'.format(1) }}\n",
