@@ -6,7 +6,6 @@ dim, bound at launch from the tensors' actual shapes."""
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -40,8 +39,27 @@ def _is_static(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-_GLOBALS = {"is_static": _is_static, "ceil_div": _ceil_div, "pow2ceil": _pow2ceil, "min": min, "max": max, "len": len, "sum": sum,
-            "prod": math.prod, "int": int, "float": float, "ctype": lambda d: CTYPES[d]}
+def _each(values):
+    """values one at a time from Python code: a C loop over them (`sum`) is deaf to the deadline's SIGALRM,
+    this generator is not. A `sum` of 4M lists copies 8 * 10**12 items, for days."""
+    for v in values:
+        yield v
+
+
+def _sum(values, start=0):
+    return sum(_each(values), start)
+
+
+def _prod(values, start=1):
+    """math.prod with `*`'s bounds: prod([2 ** 4000] * 30000) multiplied for hours, unchecked and deaf to SIGALRM."""
+    for v in values:
+        _check_times(start, v)
+        start = start * v
+    return start
+
+
+_GLOBALS = {"is_static": _is_static, "ceil_div": _ceil_div, "pow2ceil": _pow2ceil, "min": min, "max": max, "len": len, "sum": _sum,
+            "prod": _prod, "int": int, "float": float, "ctype": lambda d: CTYPES[d]}
 
 
 MAX_REPEAT = 1 << 22     # items a `*` may make of a str/list/tuple: jinja2's MAX_RANGE bounds range() only
@@ -64,12 +82,12 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         del self.globals["lipsum"]  # n paragraphs of lorem ipsum, n unbounded: no kernel needs it
         for name, check in _FILTER_CHECKS.items():
             self.filters[name] = _checked(self.filters[name], check)
+        sum_filter = self.filters["sum"]  # takes the environment first
+        self.filters["sum"] = functools.wraps(sum_filter)(lambda env, values, *a, **kw: sum_filter(env, _each(values), *a, **kw))
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
-            _check_repeat(left, right)
-            _check_repeat(right, left)
-            _check_product(left, right)
+            _check_times(left, right)
         else:
             _check_power(left, right)
         return super().call_binop(context, operator, left, right)
@@ -79,6 +97,12 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if isinstance(owner, str) and getattr(obj, "__name__", "") in _STR_CHECKS:
             _STR_CHECKS[obj.__name__](owner, *args, **kwargs)
         return super().call(context, obj, *args, **kwargs)
+
+
+def _check_times(a: Any, b: Any) -> None:
+    _check_repeat(a, b)
+    _check_repeat(b, a)
+    _check_product(a, b)
 
 
 def _check_size(size: int, what: str) -> None:
@@ -110,10 +134,16 @@ def _check_indent(s: Any, width: Any = 4, *_, **__) -> None:
         _check_size(len(s) + (s.count("\n") + 1) * step, f"indenting by {width!r}")
 
 
+def _check_round(value: Any, precision: Any = 0, *_, **__) -> None:
+    # `|round` makes 10 ** precision (to an int's negative one, or by 'ceil' and 'floor'), unbounded and deaf to SIGALRM
+    if _int(precision):
+        _check_power(10, abs(precision))
+
+
 _STR_CHECKS = {"ljust": _check_width, "rjust": _check_width, "center": _check_width, "zfill": _check_width,
                "replace": _check_replace, "expandtabs": _check_tabs}
 # the filters' checks; `replace` takes the evaluation context first
-_FILTER_CHECKS = {"center": _check_width, "indent": _check_indent,
+_FILTER_CHECKS = {"center": _check_width, "indent": _check_indent, "round": _check_round,
                   "replace": lambda ctx, *args, **kwargs: _check_replace(*args, **kwargs)}
 
 

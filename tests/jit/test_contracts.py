@@ -466,6 +466,10 @@ def _hostile(tmp_path, workspace: str = "0", name: str = "x", repeat: str | None
     ("2 ** 5000", r"OverflowError: 2 \*\* 5000 has more than 4096 bits"),
     # squared k deep it has 2**k times the bits: 20 deep multiplied for hours
     ("(2 ** 3000) * (2 ** 3000)", r"OverflowError: a product of 3001 and 3001 bits has more than 4096 bits"),
+    # each multiplied for hours in one C call, which no deadline stops
+    ("prod([2 ** 4000] * 30000)", r"OverflowError: a product of 4001 and 4001 bits has more than 4096 bits"),
+    ("5|round(-100000000)", r"OverflowError: 10 \*\* 100000000 has more than 4096 bits"),
+    ("1|round(100000000, 'floor')", r"OverflowError: 10 \*\* 100000000 has more than 4096 bits"),
 ])
 def test_a_hostile_expression_is_a_kernel_error_naming_the_file_and_field(tmp_path, expr, message):
     """The sandbox's unsafe-attribute Undefined and oversized results are the contract's fault (exit 2)."""
@@ -495,6 +499,8 @@ def test_an_expression_that_builds_past_its_memory_bound_is_a_kernel_error(tmp_p
 @pytest.mark.parametrize("expr", [
     "[1]|slice(10**15)|select|list",       # a filter's loop: 10**15 empty slices, memory flat
     "[1]|slice(1000000000000000)|max",     # the same folded as a constant when parsed, its TimeoutError swallowed
+    "sum([[0]] * 4000000, [])|length",      # one C call, quadratic (10**13 copies) and deaf to SIGALRM
+    "([[0]] * 4000000)|sum(start=[])|length",
 ])
 def test_an_expression_that_runs_past_its_deadline_is_a_kernel_error(tmp_path, monkeypatch, expr):
     """A plain expression has no `{% for %}`, but filters loop: each ran for days."""

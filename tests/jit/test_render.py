@@ -161,6 +161,7 @@ def test_a_template_includes_files_of_its_folder_and_deepjits_templates(tmp_path
     ("{{ ('ab' * 2000000).replace('a', 'aaa') }}\n", r"OverflowError: replacing 2000000 times makes more than 4194304"),
     ("{{ ('ab' * 2000000)|replace('a', 'aaa') }}\n", r"OverflowError: replacing 2000000 times makes more than 4194304"),
     ("{{ 'x'|indent(10**9) }}\n", r"OverflowError: indenting by 1000000000 makes more than 4194304 characters"),
+    ("{{ 1|round(10**8, 'floor') }}\n", r"OverflowError: 10 \*\* 100000000 has more than 4096 bits"),
     ("{{ '\t'.expandtabs(10**9) }}\n", r"OverflowError: tabs of 1000000000 makes more than 4194304 characters"),
     ("{% for i in range(10**5) %}{% for j in range(10**5) %}x{% endfor %}{% endfor %}\n",
      r"OverflowError: the template renders more than 16777216 characters; the sandbox refuses it"),
@@ -183,11 +184,15 @@ def test_a_template_that_loops_silently_is_stopped(tmp_path, monkeypatch):
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the timer is off again
 
 
-def test_a_template_that_loops_when_loaded_is_stopped(tmp_path, monkeypatch):
-    """Loading a template folds its constants: this one looped for days in get_template, outside the render's
+@pytest.mark.parametrize("source", [
+    "{{ [1]|slice(1000000000000000)|max }}\n",
+    "{{ ([[0]] * 4000000)|sum(start=[])|length }}\n",   # one C call (10**13 copies), deaf to SIGALRM
+])
+def test_a_template_that_loops_when_loaded_is_stopped(tmp_path, monkeypatch, source):
+    """Loading a template folds its constants: the first looped for days in get_template, outside the render's
     deadline; and folding takes a TimeoutError for "not a constant", then loops again when rendered."""
     monkeypatch.setattr(render_module, "RENDER_SECONDS", 0.5)
-    path = _contract(tmp_path, "{{ [1]|slice(1000000000000000)|max }}\n")
+    path = _contract(tmp_path, source)
     with pytest.raises(KernelError, match=r"t\.cu\.j2:1: rendering the template of .*t\.yaml failed: TimeoutError: "
                                           r"the template renders for more than 0\.5 s; the sandbox refuses it"):
         render_kernel(path, {})
