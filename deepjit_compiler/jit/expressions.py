@@ -25,6 +25,7 @@ CTYPES = {"float32": "float", "float16": "__half", "int32": "int", "uint8": "uns
 # Expressions
 
 def _ceil_div(a: int, b: int) -> int:
+    _check_division(int(a), int(b))
     return -(-int(a) // int(b))
 
 
@@ -75,7 +76,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     methods and filters whose arguments choose their result's size (`'a'.ljust(10**10)`, `|center`,
     `replace`): one call builds it, before any bound on the whole render could see it."""
 
-    intercepted_binops = frozenset({"*", "**"})
+    intercepted_binops = frozenset({"*", "**", "//", "%"})
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -88,6 +89,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             _check_times(left, right)
+        elif operator in ("//", "%"):
+            _check_division(left, right)
         else:
             _check_power(left, right)
         return super().call_binop(context, operator, left, right)
@@ -169,6 +172,13 @@ def _check_product(a: Any, b: Any) -> None:
     if _int(a) and _int(b) and a.bit_length() + b.bit_length() > MAX_POW_BITS:
         raise OverflowError(f"a product of {a.bit_length()} and {b.bit_length()} bits has more than {MAX_POW_BITS} "
                             "bits; the sandbox refuses it")
+
+
+def _check_division(a: Any, b: Any) -> None:
+    # `int('f' * 4000000, 16)` (or `from_bytes`) is not bounded; dividing two such took minutes, deaf to SIGALRM
+    if _int(a) and _int(b) and min(a.bit_length(), b.bit_length()) > MAX_POW_BITS:
+        raise OverflowError(f"dividing ints of {a.bit_length()} and {b.bit_length()} bits: over {MAX_POW_BITS} bits, "
+                            "the sandbox refuses it")
 
 
 def _check_repeat(seq: Any, times: Any) -> None:

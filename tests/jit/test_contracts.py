@@ -470,6 +470,9 @@ def _hostile(tmp_path, workspace: str = "0", name: str = "x", repeat: str | None
     ("prod([2 ** 4000] * 30000)", r"OverflowError: a product of 4001 and 4001 bits has more than 4096 bits"),
     ("5|round(-100000000)", r"OverflowError: 10 \*\* 100000000 has more than 4096 bits"),
     ("1|round(100000000, 'floor')", r"OverflowError: 10 \*\* 100000000 has more than 4096 bits"),
+    ("int('f' * 4000000, 16) // int('f' * 2000000, 16)", r"OverflowError: dividing ints of 16000000 and 8000000 bits"),
+    ("int('f' * 4000000, 16) % int('f' * 2000000, 16)", r"OverflowError: dividing ints of 16000000 and 8000000 bits"),
+    ("ceil_div(int('f' * 4000000, 16), int('f' * 2000000, 16))", r"OverflowError: dividing ints of 16000000 and"),
 ])
 def test_a_hostile_expression_is_a_kernel_error_naming_the_file_and_field(tmp_path, expr, message):
     """The sandbox's unsafe-attribute Undefined and oversized results are the contract's fault (exit 2)."""
