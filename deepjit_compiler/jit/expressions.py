@@ -187,6 +187,22 @@ def _check_repeat(seq: Any, times: Any) -> None:
                             f"than {MAX_REPEAT} items; the sandbox refuses it")
 
 
+def _check_result(value: Any, budget: int = MAX_REPEAT) -> int:
+    """budget less the items and characters a (nested) result prints as; OverflowError past it, or for an int
+    over MAX_POW_BITS. A result is printed in messages and written to manifests whole, outside any bound:
+    `['a' * 4000000] * 4000000` takes 32 MB yet prints as 16 TB, and an int of 15,000 bits cannot print."""
+    if _int(value) and value.bit_length() > MAX_POW_BITS:
+        raise OverflowError(f"the value is an int of {value.bit_length()} bits, over {MAX_POW_BITS}; the sandbox refuses it")
+    budget -= len(value) if isinstance(value, (str, bytes)) else 1
+    for v in value.items() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ():
+        if budget < 0:
+            break
+        budget = _check_result(v, budget)
+    if budget < 0:
+        raise OverflowError(f"the value prints as more than {MAX_REPEAT} items and characters; the sandbox refuses it")
+    return budget
+
+
 def _undefined_in(value: Any) -> jinja2.Undefined | None:
     """The first Undefined in a (nested) result: an unsafe attribute (`f.__code__`) evaluates to one."""
     if isinstance(value, jinja2.Undefined):
@@ -246,6 +262,7 @@ def evaluate(expr: Any, ctx: Mapping[str, Any], where: str) -> Any:
             missing = undeclared(text) - set(ctx)
             if not missing:
                 value = _compiled(text)(**ctx)
+                _check_result(value)
     except jinja2.TemplateSyntaxError as e:
         raise KernelError(f"{where}: bad expression {text!r}: {e.message}") from None
     except Exception as e:  # the expression is user input: any failure is the contract's fault

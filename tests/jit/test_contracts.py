@@ -514,6 +514,23 @@ def test_an_expression_that_runs_past_its_deadline_is_a_kernel_error(tmp_path, m
         workspace_bytes(c, {}, {})
 
 
+@pytest.mark.parametrize("field, expr", [
+    ("workspace", "['a' * 4000000] * 4000000"),      # 32 MB that printed in the message as 16 TB
+    ("repeat", "['a' * 4000000] * 4000000"),
+    ("workspace", "dict(a=['a' * 4000000] * 4000000)"),
+    ("workspace", "[int('f' * 5000, 16)]"),           # 20,000 bits: printing it raised a bare ValueError
+])
+def test_a_result_too_large_to_print_is_a_kernel_error(tmp_path, field, expr):
+    """A result is printed in messages (and written to manifests) whole, outside the expression's bounds:
+    these took all the memory there was (a bare MemoryError under a cap), or raised ValueError."""
+    c = _hostile(tmp_path, **{field: expr})
+    with memory_bound(2 << 30, "the test"):
+        with pytest.raises(KernelError, match=r"h\.yaml: .*cannot evaluate .*OverflowError: the value (prints as more than "
+                                              r"4194304 items and characters|is an int of 20000 bits, over 4096)"):
+            signature(c, {}) if field == "repeat" else workspace_bytes(c, {}, {})
+    assert expressions.evaluate("[0] * 4000000", {}, "t") == [0] * 4000000  # within the bound, a result prints
+
+
 def test_a_hostile_template_string_is_a_kernel_error_naming_the_file_and_field(tmp_path):
     c = _hostile(tmp_path, name="x{{ range(10**6) | list | length }}")
     with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]\.name: cannot expand .*OverflowError: Range too big"):
