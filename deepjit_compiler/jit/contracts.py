@@ -223,7 +223,7 @@ def signature(contract: Contract, params: Mapping[str, Any]) -> tuple[TensorSig,
                 name, dtype = expand(spec.name, ctx, f"{where}.name"), evaluate(spec.dtype, ctx, f"{where}.dtype")
                 _check_tensor_name(name, seen, where)
                 seen[name] = f"{role}s[{k}]"
-                if dtype not in CTYPES:
+                if not isinstance(dtype, str) or dtype not in CTYPES:  # a list's `in` raised a bare TypeError
                     raise KernelError(f"{where}: dtype must be one of {', '.join(CTYPES)}, got {dtype!r}")
                 shape = tuple(evaluate(d, ctx, f"{where}.shape") for d in spec.shape)
                 out.append(TensorSig(name, dtype, shape, role, spec.zero_init))

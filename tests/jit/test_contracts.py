@@ -531,6 +531,19 @@ def test_a_result_too_large_to_print_is_a_kernel_error(tmp_path, field, expr):
     assert expressions.evaluate("[0] * 4000000", {}, "t") == [0] * 4000000  # within the bound, a result prints
 
 
+def test_a_dtype_that_is_no_str_is_a_kernel_error(tmp_path):
+    """`dtype not in CTYPES` raised a bare TypeError (unhashable type: 'list'): exit 3, a DeepJIT bug."""
+    (tmp_path / "h.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
+    (tmp_path / "h.yaml").write_text(textwrap.dedent("""\
+        name: h
+        template: h.cu.j2
+        inputs: [{name: x, dtype: '[1]', shape: [4]}]
+        entry_points: [{name: k, symbol: k, block: [1], grid: [1], args: []}]
+        """))
+    with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]: dtype must be one of float32, .*got \[1\]"):
+        signature(load_contract(str(tmp_path / "h.yaml")), {})
+
+
 def test_a_hostile_template_string_is_a_kernel_error_naming_the_file_and_field(tmp_path):
     c = _hostile(tmp_path, name="x{{ range(10**6) | list | length }}")
     with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]\.name: cannot expand .*OverflowError: Range too big"):
