@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import resource
+import signal
+import time
 
 import pytest
 
-from deepjit_compiler.jit.bounds import memory_bound
+from deepjit_compiler.jit.bounds import deadline, memory_bound
 
 MiB = 1 << 20
 
@@ -39,3 +41,14 @@ def test_a_worker_thread_sets_no_bound():
     before = resource.getrlimit(resource.RLIMIT_AS)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         assert pool.submit(inside).result() == (before, 256 * MiB)
+
+
+def test_a_deadline_inside_another_leaves_the_outer_one_armed():
+    """An inner deadline that disarmed the timer as it ended let the rest of the outer block run unbounded."""
+    with pytest.raises(TimeoutError, match=r"^the outer block runs for more than 0\.3 s; the sandbox refuses it$"):
+        with deadline(0.3, "the outer block runs"):
+            with deadline(30, "the inner block runs"):
+                pass
+            assert signal.getitimer(signal.ITIMER_REAL)[0] > 0
+            time.sleep(5)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
