@@ -53,7 +53,9 @@ def memory_bound(extra: int, what: str) -> Iterator[None]:
     machine out of memory rather than failing (the kernel allows a large overcommit). It lowers the
     process's soft RLIMIT_AS for the block and puts it back after, so it bounds every thread for that
     time: only the main thread sets it (a build or validate renders there alone; a server's worker thread
-    must not make its neighbours' allocations fail), and only where /proc tells what the process maps."""
+    must not make its neighbours' allocations fail), and only where /proc tells what the process maps.
+    Memory the process freed but still maps (malloc keeps it for reuse) is reused unseen: the block may take
+    `extra` beyond what the process had mapped before it, its own earlier peak included."""
     main = threading.current_thread() is threading.main_thread()
     used = _address_space() if main else None
     if used is None:

@@ -66,6 +66,7 @@ _GLOBALS = {"is_static": _is_static, "ceil_div": _ceil_div, "pow2ceil": _pow2cei
 MAX_REPEAT = 1 << 22     # items a `*` may make of a str/list/tuple: jinja2's MAX_RANGE bounds range() only
 MAX_POW_BITS = 1 << 12   # bits an int `**` or `*` may make: 10**10**10 would hold the build for hours
 EXPRESSION_BYTES = 1 << 30  # memory one expression may take: `list` of a long `map` is bounded by nothing else
+MAX_EXPANDED = 1 << 16     # characters a contract string may expand to
 EXPRESSION_SECONDS = 30.0   # time one expression or contract string may take: filters loop too (`[1]|slice(10**15)|max`)
 
 
@@ -238,11 +239,17 @@ def expand(text: Any, ctx: Mapping[str, Any], where: str = "kernel contract") ->
         return text
     try:
         with memory_bound(EXPRESSION_BYTES, "the expression"), deadline(EXPRESSION_SECONDS, "the expression runs"):
-            return _template(text).render(**ctx).strip()
+            out = _template(text).render(**ctx).strip()
     except jinja2.TemplateSyntaxError as e:
         raise KernelError(f"{where}: bad template string {text!r}: {e.message}") from None
     except Exception as e:  # the string is user input: any failure (sandbox, overflow, undefined) is its fault
         raise KernelError(f"{where}: cannot expand {text!r}: {type(e).__name__}: {e}") from None
+    # What it expands to is evaluated, cached by its text and printed in messages, outside these bounds:
+    # a `repeat` of texts each a few hundred MB filled the caches until memory ran out.
+    if len(out) > MAX_EXPANDED:
+        raise KernelError(f"{where}: {text!r} expands to {len(out)} characters; allowed: at most {MAX_EXPANDED} "
+                          "(a name, a dtype or an expression)")
+    return out
 
 
 @lru_cache(maxsize=4096)

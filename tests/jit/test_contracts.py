@@ -482,7 +482,9 @@ def test_a_hostile_expression_is_a_kernel_error_naming_the_file_and_field(tmp_pa
 
 
 @pytest.mark.parametrize("expr", [
-    "(['a' * 4000000] * 64)|map('upper')|list|length",   # 256 MB when called
+    # 320 MB when called, in strings of 40 MB: malloc maps each afresh (smaller ones may reuse what the
+    # process freed before, which its address space already holds and the bound cannot see)
+    "([(['a' * 4000000] * 10)|join] * 8)|map('upper')|list|length",
     "'%500000000d' % 1",                                  # folded as a constant when parsed: 500 MB, twice
     "'%500000000d'|format(1)",
     "'{{ '%300000000d' % 1 }}'",                           # a template string, expanded first
@@ -529,6 +531,17 @@ def test_a_result_too_large_to_print_is_a_kernel_error(tmp_path, field, expr):
                                               r"4194304 items and characters|is an int of 20000 bits, over 4096)"):
             signature(c, {}) if field == "repeat" else workspace_bytes(c, {}, {})
     assert expressions.evaluate("[0] * 4000000", {}, "t") == [0] * 4000000  # within the bound, a result prints
+
+
+def test_a_contract_string_that_expands_past_its_bound_is_a_kernel_error(tmp_path):
+    """Each text an expansion made was cached (4,096 a cache) and printed outside the expression's bounds:
+    a `repeat` of texts of a few hundred MB each ran the machine out of memory."""
+    c = _hostile(tmp_path, name="x{{ 'a' * (65536 + i) }}", repeat="2")
+    with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]\.name: \"x\{\{ 'a' \* \(65536 \+ i\) \}\}\" expands "
+                                          r"to 65537 characters; allowed: at most 65536 \(a name, a dtype or an expression\)"):
+        signature(c, {})
+    assert [len(s.name) for s in signature(_hostile(tmp_path, name="{{ 'a' * (65535 + i) }}", repeat="2"), {})] \
+        == [65535, 65536]
 
 
 def test_a_dtype_that_is_no_str_is_a_kernel_error(tmp_path):

@@ -204,7 +204,9 @@ def test_a_template_that_loops_when_loaded_is_stopped(tmp_path, monkeypatch, sou
     "{{ '{:300000000}'.format(1) }}\n",
     "{% set ns = namespace(s='a' * 4000000) %}{% for i in range(7) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
     "{{ ns.s|length }}\n",                                               # doubled, never printed: 512 MB
-    "{{ (['a' * 4000000] * 64)|map('upper')|list|length }}\n",           # each item a new string: 256 MB
+    # each item a new string of 40 MB, 320 MB in all (strings this large are mapped afresh: smaller ones may
+    # reuse memory the process freed, which its address space already counts)
+    "{{ ([(['a' * 4000000] * 10)|join] * 8)|map('upper')|list|length }}\n",
 ])
 def test_a_template_that_builds_past_its_memory_bound_is_stopped(tmp_path, monkeypatch, source):
     """Each of these is within the sandbox's bounds on one operation (and prints little) yet took all the
