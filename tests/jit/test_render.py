@@ -113,6 +113,21 @@ def test_a_template_cannot_run_python(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("hostile", [
+    "{{ '{0.__init__.__globals__[os].environ}'|attr('format')(cycler) }}\n",  # CVE-2025-27516: jinja2 < 3.1.6
+    "{{ '{0.__init__.__globals__[os].environ}'.format(cycler) }}\n",
+])
+def test_a_template_cannot_read_python_through_str_format(tmp_path, monkeypatch, hostile):
+    """Before jinja2 3.1.6 (pyproject asks for it) `|attr('format')` handed the template str's own format,
+    unsandboxed: the environment, registry credentials with it, would be printed into the kernel's source
+    and the bundle."""
+    monkeypatch.setenv("DEEPJIT_TEST_SECRET", "hunter2-secret")
+    with pytest.raises(KernelError, match=r"t.cu.j2:1: the template tried an unsafe operation \(access to attribute "
+                                          r"'__init__' of 'type' object is unsafe\.\)") as e:
+        render_kernel(_contract(tmp_path, hostile), {})
+    assert "hunter2" not in str(e.value)
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"headers": "[/proc/self/environ]"}, "header '/proc/self/environ' must be a relative path inside"),
     ({"template": "/etc/passwd"}, "template '/etc/passwd' must be a relative path inside"),
