@@ -1,6 +1,6 @@
 """Bounds on running user-written Jinja (kernel templates, contract expressions) in time and memory.
 
-The sandbox (expressions.BoundedSandbox) bounds single operations whose arguments choose their result's
+The sandbox (jit/sandbox.py) bounds single operations whose arguments choose their result's
 size (`*`, `**`, `range`, padding). These bound what it cannot see in one call: a printf width
 (`'%9999999999d' % 1`), a string doubled in a loop, a `map` over a long list collected with `list`."""
 from __future__ import annotations

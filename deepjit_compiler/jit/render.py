@@ -25,7 +25,7 @@ from ..config import data_dir
 from ..errors import KernelError, closest
 from .bounds import deadline, memory_bound
 from .contracts import Contract, contract_file, entry_symbols, load_contract, resolve_params
-from .expressions import BoundedSandbox
+from .sandbox import BoundedSandbox
 
 log = logging.getLogger("deepjit.render")
 
