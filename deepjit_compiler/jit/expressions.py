@@ -5,7 +5,8 @@ params (and `i` inside `repeat`). A bare name that is neither a param nor a boun
 dim, bound at launch from the tensors' actual shapes."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -49,6 +50,13 @@ MAX_EXPANDED = 1 << 16     # characters a contract string may expand to
 EXPRESSION_SECONDS = 30.0   # time one expression or contract string may take: filters loop too (`[1]|slice(10**15)|max`)
 
 
+@contextlib.contextmanager
+def _bounded() -> Iterator[None]:
+    """The memory and time one expression, or one contract string's expansion, may take."""
+    with memory_bound(EXPRESSION_BYTES, "the expression"), deadline(EXPRESSION_SECONDS, "the expression runs"):
+        yield
+
+
 def _undefined_in(value: Any) -> jinja2.Undefined | None:
     """The first Undefined in a (nested) result: an unsafe attribute (`f.__code__`) evaluates to one."""
     if isinstance(value, jinja2.Undefined):
@@ -83,7 +91,7 @@ def expand(text: Any, ctx: Mapping[str, Any], where: str = "kernel contract") ->
     if not isinstance(text, str) or ("{{" not in text and "{%" not in text):
         return text
     try:
-        with memory_bound(EXPRESSION_BYTES, "the expression"), deadline(EXPRESSION_SECONDS, "the expression runs"):
+        with _bounded():
             out = _template(text).render(**ctx).strip()
     except jinja2.TemplateSyntaxError as e:
         raise KernelError(f"{where}: bad template string {text!r}: {e.message}") from None
@@ -110,7 +118,7 @@ def evaluate(expr: Any, ctx: Mapping[str, Any], where: str) -> Any:
         return text
     text = text.strip()
     try:  # parsing folds constants (`'%9999999999d' % 1`, `'x'*9|list`) as calling does: both bounded
-        with memory_bound(EXPRESSION_BYTES, "the expression"), deadline(EXPRESSION_SECONDS, "the expression runs"):
+        with _bounded():
             missing = undeclared(text) - set(ctx)
             if not missing:
                 value = _compiled(text)(**ctx)
