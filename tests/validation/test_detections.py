@@ -51,6 +51,26 @@ def test_average_precision_by_hand():
     assert (m.total.matched, m.total.missed, m.total.extra) == (2, 0, 1)
 
 
+def test_the_precision_curve_is_made_monotone_before_it_is_read():
+    """A false box first (0.9), then the two reference boxes (0.8, 0.7): precision 0, 1/2, 2/3 at recall
+    0, 1/2, 1. Made monotone it is 2/3 at every recall point, so AP = 2/3 at every IoU (read as it
+    is, the 101 points would give (0 + 50 * 1/2 + 50 * 2/3) / 101 = 0.578)."""
+    ref = [image((0, 0, 10, 10, 0.9, 0), (20, 0, 30, 10, 0.8, 0))]
+    test = [image((50, 50, 60, 60, 0.9, 0), (0, 0, 10, 10, 0.8, 0), (20, 0, 30, 10, 0.7, 0))]
+    m = evaluate_detections(ref, test, threshold=0.25)
+    assert (m.map50, m.map50_95) == pytest.approx((2 / 3, 2 / 3))
+
+
+def test_map50_is_read_at_iou_0_5_and_a_pair_at_exactly_0_5_matches():
+    """[0, 0, 10, 5] on [0, 0, 10, 10]: inter 50, union 100, IoU exactly 0.5 (COCO: at or above the
+    threshold). Matched at IoU 0.50 only: AP 1 there and 0 at 0.55 .. 0.95, so mAP50 1 and mAP50-95 1/10;
+    each tolerance met exactly is no shortfall."""
+    m = evaluate_detections([image((0, 0, 10, 10, 0.9, 0))], [image((0, 0, 10, 5, 0.9, 0))], threshold=0.25)
+    assert (m.map50, m.map50_95, m.recall, m.min_iou, m.max_score_diff) == pytest.approx((1, 0.1, 1, 0.5, 0))
+    exact = DetectionTolerance(min_map=0.1, min_map50=1, min_recall=1, min_precision=1, min_iou=0.5, score_atol=0)
+    assert m.shortfalls(exact) == []
+
+
 def test_map_is_the_mean_over_the_classes_the_reference_detects():
     """Class 0 perfect (AP 1); class 1 half found (AP 51/101 at every IoU); class 2 only produced: as in
     COCO it has no AP of its own, but it is a false positive in the precision."""
@@ -64,8 +84,8 @@ def test_map_is_the_mean_over_the_classes_the_reference_detects():
 def test_greedy_matching_follows_coco():
     """The higher-scored detection takes its best reference box; the next one takes the box left."""
     ref = [image((0, 0, 10, 10, 0.9, 0), (2, 0, 12, 10, 0.9, 0))]
-    # d1 overlaps the second box best (IoU 0.82 vs 0.67), d2 the second too (1.0) but it is taken: d2
-    # gets the first (IoU 0.82 >= 0.5), and both count at IoU 0.5
+    # d1 overlaps both boxes at IoU 90/110 = 0.82 and takes the later of equals (COCO's `<`), the second;
+    # d2 overlaps the second best (1.0) but it is taken: d2 gets the first (IoU 80/120 = 0.67 >= 0.5)
     test = [image((1, 0, 11, 10, 0.8, 0), (2, 0, 12, 10, 0.7, 0))]
     m = evaluate_detections(ref, test, threshold=0.25)
     assert m.recall == 1.0 and m.precision == 1.0 and m.total.matched == 2
@@ -87,6 +107,42 @@ def test_borderline_detections_near_the_threshold_are_excused_and_others_are_not
     assert m.total.missed == 1 and m.recall == 0.5
     # without a known threshold there is no band
     assert evaluate_detections(ref, test, threshold=None, margin=0.02).total.borderline == 0
+    # the band is closed: 0.375 is exactly 0.125 above 0.25 (all three exact in binary)
+    edge = evaluate_detections([image((0, 0, 10, 10, 0.9, 0), (20, 0, 30, 10, 0.375, 0))],
+                               [image((0, 0, 10, 10, 0.9, 0))], threshold=0.25, margin=0.125)
+    assert (edge.total.missed, edge.total.borderline, edge.recall) == (0, 1, 1.0)
+
+
+def test_a_real_reference_detection_is_matched_before_a_borderline_one():
+    """As COCO's ignored regions: P (0.9) overlaps the real R at IoU 80/120 = 2/3 and the borderline B
+    (0.26, listed first) at IoU 1. At IoU 0.50 .. 0.65 P takes R (a true positive, AP 1); at 0.70 .. 0.95
+    R is out of reach, P takes B and counts neither way while R is missed (AP 0): mAP50-95 4/10."""
+    ref = [image((0, 0, 10, 10, 0.26, 0), (2, 0, 12, 10, 0.9, 0))]
+    m = evaluate_detections(ref, [image((0, 0, 10, 10, 0.9, 0))], threshold=0.25, margin=0.02)
+    assert (m.map50, m.map50_95, m.recall, m.precision, m.min_iou) == pytest.approx((1, 0.4, 1, 1, 2 / 3))
+    assert (m.total.matched, m.total.missed, m.total.extra, m.total.borderline) == (1, 0, 0, 1)
+
+
+def test_a_match_to_a_borderline_reference_detection_counts_neither_way():
+    """P (0.26) matches only the borderline B; R is missed and Q is false. Recall 0/1 and precision
+    0/(0 + 1): the P-B pair is no true positive, and B and P, matched, are not borderline leftovers.
+    AP: Q a false positive, P ignored, no true one: 0."""
+    ref = [image((0, 0, 10, 10, 0.9, 0), (20, 0, 30, 10, 0.26, 0))]
+    test = [image((20, 0, 30, 10, 0.26, 0), (50, 50, 60, 60, 0.8, 0))]
+    m = evaluate_detections(ref, test, threshold=0.25, margin=0.02)
+    assert (m.map50_95, m.map50, m.recall, m.precision) == (0.0, 0.0, 0.0, 0.0)
+    assert (m.total.matched, m.total.missed, m.total.extra, m.total.borderline) == (1, 1, 1, 0)
+
+
+def test_an_unmatched_borderline_detection_is_no_false_positive_in_the_ap():
+    """P1 (0.9) and P2 (0.255, matched to R2 of 0.30: a true positive though in the band) around Pb
+    (0.26, unmatched, borderline): Pb is ignored, so precision stays 1 up to recall 1 and AP is 1
+    (counted as a false positive it would be (51 + 50 * 2/3) / 101)."""
+    ref = [image((0, 0, 10, 10, 0.9, 0), (20, 0, 30, 10, 0.30, 0))]
+    test = [image((0, 0, 10, 10, 0.9, 0), (40, 0, 50, 10, 0.26, 0), (20, 0, 30, 10, 0.255, 0))]
+    m = evaluate_detections(ref, test, threshold=0.25, margin=0.02)
+    assert (m.map50_95, m.map50, m.recall, m.precision) == pytest.approx((1, 1, 1, 1))
+    assert (m.total.matched, m.total.extra, m.total.borderline) == (2, 0, 1)
 
 
 def test_a_full_image_cuts_at_its_last_score_too():
@@ -122,6 +178,14 @@ def test_empty_sides():
     assert (spurious.map50_95, spurious.precision, spurious.total.extra) == (0.0, 0.0, 1)
     lost = evaluate_detections([image((0, 0, 5, 5, 0.9, 0))], [image()], threshold=0.25)
     assert (lost.map50_95, lost.recall, lost.total.missed) == (0.0, 0.0, 1)
+    # no matched pair: no IoU or score difference to fall short of
+    assert m.shortfalls(DetectionTolerance()) == []
+    assert not any("IoU" in s or "score" in s for s in lost.shortfalls(DetectionTolerance()))
+
+
+def test_the_two_sides_must_have_as_many_images():
+    with pytest.raises(ValueError, match="2 reference images but 1 produced"):
+        evaluate_detections([image(), image()], [image()], threshold=0.25)
 
 
 def test_images_from_an_efficientnms_batch():
@@ -141,7 +205,8 @@ def test_shortfalls_name_the_metric_and_the_field():
     test = [image((0, 0, 10, 10, 0.9, 0), (50, 50, 60, 60, 0.8, 0), (20, 0, 30, 6.2, 0.7, 0))]
     m = evaluate_detections(ref, test, threshold=0.25)
     short = m.shortfalls(DetectionTolerance())
-    assert "mAP50-95 0.604 < min_map 0.99" in short and "precision 0.667 < min_precision 0.99" in short
+    assert "mAP50-95 0.604 < min_map 0.99" in short and "mAP50 0.835 < min_map50 0.99" in short
+    assert "precision 0.667 < min_precision 0.99" in short
     assert any("IoU 0.6200 < min_iou 0.99" in s for s in short) and any("score_atol" in s for s in short)
     assert not any("recall" in s for s in short)
     perfect = evaluate_detections(ref, ref, threshold=0.25)  # COCO's eps makes it 0.9999999999999998
