@@ -9,9 +9,17 @@ from deepjit_compiler.graph.ort import ort_session
 from deepjit_compiler.jit.contract_models import Detections
 from deepjit_compiler.jit.contracts import DetectionOutputs
 from deepjit_compiler.model.synth import synthesize_yolov8
-from deepjit_compiler.spec.models import DetectionTolerance, Tolerance, Tolerances
+from deepjit_compiler.spec.models import LEVELS, DetectionTolerance, Tolerance, Tolerances
 from deepjit_compiler.surgery.references import nms_reference
-from deepjit_compiler.validation.gate import FunctionRunner, GateReport, compare_runs, not_run, report_file
+from deepjit_compiler.validation.gate import (
+    FunctionRunner,
+    GateReport,
+    LevelResult,
+    check_report_folder,
+    compare_runs,
+    not_run,
+    report_file,
+)
 from deepjit_compiler.validation.kernels import _report_name
 
 
@@ -68,10 +76,73 @@ def test_gate_fails_past_tolerance_and_names_output():
     assert result.status == "failed"
     failed = [o for o in result.outputs if not o.passed]
     assert [o.name for o in failed] == ["y"]
-    assert failed[0].max_abs == pytest.approx(3e-3, rel=1e-3)
+    assert (failed[0].max_abs, failed[0].median_abs, failed[0].mean_abs) == pytest.approx((3e-3,) * 3, rel=1e-3)
     report = GateReport().with_levels(result, not_run("engine", "no TensorRT"))
-    assert not report.passed and "kernels: y: max abs 3.000e-03" in report.failures()[0]
-    assert report.to_record()["levels"]["engine"]["status"] == "not_run"
+    (failure,) = report.failures()  # z passed: only y is a failure
+    assert not report.passed and failure.startswith("kernels: y: max abs 3.000e-03")
+    assert failure.endswith("; allowed: atol 1e-05 or rtol 1e-05 on the elemwise error")
+    record = report.to_record()["levels"]
+    assert list(record) == list(LEVELS) and record["engine"]["status"] == "not_run"
+    assert [record[lv]["reason"] for lv in ("graph", "precision", "end_to_end")] == ["not attempted"] * 3
+    # a level that failed without outputs is a failure by its reason
+    graph = LevelResult("graph", "failed", "the reassembled graph does not load")
+    assert report.with_levels(graph).failures()[1:] == ["graph: the reassembled graph does not load"]
+
+
+def test_every_feed_is_judged():
+    """The candidate is off on the second of three feeds only: the level fails on it, by its error."""
+    calls = []
+
+    def fn(feeds):
+        calls.append(1)
+        return _candidate(3e-3 if len(calls) == 2 else 0.0)(feeds)
+    tol = Tolerances(default=Tolerance(atol=1e-5, rtol=1e-5))
+    result = compare_runs("kernels", _reference(), FunctionRunner(fn, "deepjit"), _feeds(5), tol)
+    assert len(calls) == 3 and result.status == "failed"
+    (y,) = [o for o in result.outputs if not o.passed]
+    assert y.name == "y" and y.max_abs == pytest.approx(3e-3, rel=1e-3)
+
+
+def test_the_default_rtol_and_a_per_output_error_stat_are_applied():
+    feeds = _feeds(7)
+    y = 1 / (1 + np.exp(-np.concatenate([f["x"] for f in feeds]).astype(np.float64)))
+    assert 3e-3 / y.min() < 0.05  # so an error of 3e-3 is within rtol 0.1 of every y
+    rel_only = Tolerances(default=Tolerance(atol=0, rtol=0.1))
+    assert compare_runs("kernels", _reference(), FunctionRunner(_candidate(3e-3), "deepjit"), feeds,
+                        rel_only).status == "passed"
+
+    def one_off(f):  # one element of y off by 1: its median error is 0, its largest 1
+        out = _candidate(0.0)(f)
+        out["y"][0, 0] += 1
+        return out
+    median = Tolerances(default=Tolerance(atol=1e-5, rtol=1e-5), outputs={"y": Tolerance(check_error_stat="median")})
+    assert compare_runs("kernels", _reference(), FunctionRunner(one_off, "deepjit"), feeds, median).status == "passed"
+    assert compare_runs("kernels", _reference(), FunctionRunner(one_off, "deepjit"), feeds,
+                        Tolerances(default=median.default)).status == "failed"
+
+
+def test_feeds_of_different_batches_are_compared():
+    """A folder of images runs in batches of the buckets: the candidate's input metadata has a dynamic batch."""
+    rng = np.random.default_rng(8)
+    feeds = [{"x": rng.normal(size=(n, 8)).astype(np.float32)} for n in (1, 2, 4)]
+    result = compare_runs("kernels", _reference(), FunctionRunner(_candidate(0.0), "deepjit"), feeds,
+                          Tolerances(default=Tolerance(atol=1e-5, rtol=1e-5)))
+    assert result.status == "passed", result
+
+
+def test_an_output_missing_from_the_candidate_fails_the_level():
+    tol = Tolerances(default=Tolerance(atol=1e-5, rtol=1e-5))
+    only_y = FunctionRunner(lambda f: {"y": _candidate(0.0)(f)["y"]}, "deepjit")
+    result = compare_runs("kernels", _reference(), only_y, _feeds(), tol)
+    assert result.status == "failed"
+    assert [(o.name, o.passed, o.detail) for o in result.outputs if not o.passed] == [
+        ("z", False, "missing from the candidate's outputs")]
+    # a detection output missing: the set is not scored, the output is named
+    ref = _dets(np.random.default_rng(9), 4)
+    no_scores = {k: v for k, v in ref.items() if k != "scores"}
+    level = _compare_sets([ref], [no_scores])
+    assert level.status == "failed"
+    assert [o.name for o in level.outputs if not o.passed] == ["scores"]
 
 
 def test_per_output_tolerance_loosens_only_that_output():
@@ -139,10 +210,49 @@ def test_detections_fail_on_class_or_count_change_and_name_the_worst_image():
     assert "recall 0.900 < min_recall 0.99" in out.detail
     assert "in total over 2 images: 9/10 matched" in out.detail
     assert "worst image batch 1 row 0: 4/5 matched" in out.detail
+    failures = GateReport().with_levels(_compare_sets([ref, ref], [ref, fewer])).failures()
+    assert failures[0].startswith("end_to_end: detections: failed on mAP50-95")
+    assert "recall 0.900 < min_recall 0.99" in failures[0]
     loose = Tolerances(detections=DetectionTolerance(min_map=0.8, min_map50=0.8, min_recall=0.8))
     (out,) = _compare_sets([ref, ref], [ref, fewer], loose).outputs
     assert out.passed, out.detail
     assert out.tolerance == {**loose.detections.model_dump(), "threshold": 0.25}  # what it was judged by
+
+
+def test_two_detection_groups_are_scored_and_recorded_each_by_its_count():
+    rng = np.random.default_rng(5)
+    first, second = _dets(rng, 4), _dets(rng, 3)
+    two = DetectionOutputs(Detections(count="n2", boxes="b2", scores="s2", classes="c2"), threshold=0.25)
+    ref = {**first, **dict(zip(two.names, second.values()))}
+    wrong = {k: v.copy() for k, v in ref.items()}
+    wrong["c2"][0, 1] = (ref["c2"][0, 1] + 1) % 80  # the second group's class changes
+    feeds = [{"k": np.zeros((1,), np.int32)}]
+    level = compare_runs("end_to_end", FunctionRunner(lambda f: ref, "reference"),
+                         FunctionRunner(lambda f: wrong, "deepjit"), feeds, Tolerances(), detections=[NMS_OUTPUTS, two])
+    record = level.to_dict()["outputs"]
+    assert {k: v["passed"] for k, v in record.items()} == {"detections (num_dets)": True, "detections (n2)": False}
+    assert record["detections (n2)"]["metrics"]["missed"] == 1
+
+
+def test_a_report_folder_holds_only_what_deepjit_writes(tmp_path):
+    folder = tmp_path / "b.report"
+    check_report_folder(folder)  # absent: fine
+    folder.mkdir()
+    (folder / "build-report.json").write_text("{}")
+    (folder / "kernels.runresults.json").write_text("{}")
+    check_report_folder(folder)
+    (tmp_path / "elsewhere.json").write_text("{}")  # a link to a file: no file DeepJIT wrote either
+    (folder / "x.runresults.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(OutputError, match=r"b.report: holds files DeepJIT did not write \(x.runresults.json\)"):
+        check_report_folder(folder)
+    (folder / "x.runresults.json").unlink()
+    (folder / "y.runresults.json").mkdir()
+    with pytest.raises(OutputError, match=r"b.report: holds files DeepJIT did not write \(y.runresults.json\)"):
+        check_report_folder(folder)
+    dangling = tmp_path / "c.report"
+    dangling.symlink_to(tmp_path / "gone")
+    with pytest.raises(OutputError, match="c.report: exists and is not a report folder"):
+        check_report_folder(dangling)
 
 
 def test_detection_tolerances_are_recorded_and_read_back():
