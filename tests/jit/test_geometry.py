@@ -34,6 +34,7 @@ def test_shared_memory_a_block_may_have_by_sm(sm, limit):
     ({"block": (1, 1024, 1)}, {"block": (1, 1025, 1)}, r"block is \[1, 1025, 1\] \(y is 1025\)"),
     ({"block": (16, 1, 64)}, {"block": (8, 1, 128)}, r"block is \[8, 1, 128\] \(z is 128\)"),
     ({"block": (512, 2, 1)}, {"block": (512, 4, 1)}, r"block is \[512, 4, 1\] \(2048 threads\)"),
+    ({"block": (16, 1, 64)}, {"block": (32, 1, 64)}, r"block is \[32, 1, 64\] \(2048 threads\)"),
     ({"block": (1, 1, 1)}, {"block": (32, 0, 1)}, r"block is \[32, 0, 1\] \(y is 0\)"),
     ({"grid": (2**31 - 1, 1, 1)}, {"grid": (2**31, 1, 1)}, r"grid is \[2147483648, 1, 1\] \(x is 2147483648\)"),
     ({"grid": (1, 65535, 65535)}, {"grid": (1, 65536, 1)}, r"grid is \[1, 65536, 1\] \(y is 65536\)"),
@@ -59,6 +60,11 @@ def test_the_message_says_what_the_target_allows():
     assert str(e.value) == ("k.yaml: entry point 'k': shared_mem is 200000 bytes; sm_89 allows 0 to 101376 bytes of "
                             "dynamic shared memory a block (its static shared memory counts against that too)")
     check_launch(launch(shared_mem=200_000), 90, "k.yaml", batch=None)  # an H100/H200 gives a block 227 KiB
+    # an SM the table does not know: its GPU checks the size at load, a negative one is refused here
+    check_launch(launch(shared_mem=300_000), 130, "k.yaml", batch=None)
+    with pytest.raises(KernelError, match=r"^k.yaml: entry point 'k': shared_mem is -1 bytes; sm_130 allows 0 bytes or "
+                                          r"more of dynamic shared memory"):
+        check_launch(launch(shared_mem=-1), 130, "k.yaml", batch=None)
 
 
 TEMPLATE = """\
