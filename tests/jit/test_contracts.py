@@ -17,7 +17,10 @@ from deepjit_compiler.jit.contracts import (
     batch_thresholds,
     bind_dims,
     concrete_shape,
+    declared_detections,
     entry_symbols,
+    image_channels,
+    is_contract_path,
     launches,
     load_contract,
     normalize_facts,
@@ -63,6 +66,7 @@ def test_facts_are_normalized_from_the_preset_format():
     assert f["anchors"] == "A" and f["input_dtype"] == "float32" and f["input_size"] is None
     s = normalize_facts(FACTS)
     assert s["levels"] == [[80, 80], [40, 40], [20, 20]] and s["input_size"] == 640
+    assert normalize_facts({"input_size": [640, 480]})["input_size"] is None  # no square side to infer
 
 
 def test_params_come_from_spec_then_facts_then_defaults():
@@ -107,6 +111,8 @@ def test_unknown_and_disallowed_params_name_the_allowed_ones():
         resolve_params(c, {"conf_threshold": 1.5}, FACTS)
     with pytest.raises(KernelError, match=r"'anchors_per_thread' must be int, got '4'"):
         resolve_params(c, {"anchors_per_thread": "4"}, FACTS)
+    with pytest.raises(KernelError, match=r"'anchors_per_thread' must be int, got True"):  # a bool is no int
+        resolve_params(c, {"anchors_per_thread": True}, FACTS)
 
 
 def test_decode_signature_static_and_dynamic():
@@ -219,6 +225,11 @@ def test_from_batch_must_name_params_and_give_a_batch(tmp_path):
     p = resolve_params(z, {"anchors_per_thread": 1}, FACTS)
     with pytest.raises(KernelError, match=r"entry_points\[0\].from_batch.at: need a batch of at least 1, got 0"):
         launches(z, p, bind_dims(z, p, head_shapes(2)), {s.name: 1 for s in signature(z, p)})
+    raw["entry_points"][0]["from_batch"]["at"] = "large_batch > 0"  # a bool is no batch
+    (tmp_path / "bool.yaml").write_text(yaml.safe_dump(raw))
+    b = load_contract(str(tmp_path / "bool.yaml"))
+    with pytest.raises(KernelError, match=r"entry_points\[0\].from_batch.at: need a batch of at least 1, got True"):
+        batch_thresholds(b, resolve_params(b, {"anchors_per_thread": 1}, FACTS))
 
 
 @pytest.mark.parametrize("value, says", [
@@ -236,6 +247,73 @@ def test_a_from_batch_value_is_checked_as_its_param_is(tmp_path, value, says):
     p = resolve_params(bad, {"max_candidates": 640, "chunk": 512}, {})
     with pytest.raises(KernelError, match=says):
         batch_thresholds(bad, p)
+
+
+def test_a_from_batch_that_changes_one_of_its_params_launches_another_kernel(tmp_path):
+    """`chunk` is 512 already, `cluster` 4 becomes 2: from batch 2 on the nms launches the cluster-2 kernel."""
+    raw = yaml.safe_load(load_contract("nms").path.read_text())
+    raw["entry_points"][0]["from_batch"] = {"at": 2, "params": {"cluster": 2, "chunk": 512}}
+    (tmp_path / "nms.yaml").write_text(yaml.safe_dump(raw))
+    c = load_contract(str(tmp_path / "nms.yaml"))
+    p = resolve_params(c, {"max_candidates": 640, "chunk": 512, "cluster": 4}, {})
+    assert batch_thresholds(c, p) == (2,)
+
+
+def test_the_threshold_of_detections_is_the_given_one_and_only_declared_ones_count():
+    kernels = [("yolov8_decode", resolve_params(load_contract("yolov8_decode"), {"mode": "candidates"}, FACTS)),
+               ("nms", resolve_params(load_contract("nms"), {"max_candidates": 640, "conf_threshold": 0.4}, {}))]
+    (nms,) = declared_detections(kernels)  # the decode declares none
+    assert nms.threshold == 0.4 and nms.names == ("num_dets", "boxes", "scores", "classes")
+
+
+def test_image_channels_must_be_bgr_or_rgb(tmp_path):
+    raw = yaml.safe_load(load_contract("letterbox").path.read_text())
+    raw["roles"]["image_input"]["channels"] = "'rbg'"
+    (tmp_path / "lb.yaml").write_text(yaml.safe_dump(raw))
+    c = load_contract(str(tmp_path / "lb.yaml"))
+    with pytest.raises(KernelError, match=r"lb\.yaml: roles\.image_input\.channels must give 'bgr' or 'rgb', "
+                                          r"got 'rbg'"):
+        image_channels(c, resolve_params(c, {}, {}))
+
+
+def _entries_contract(tmp_path):
+    """Two entry points that `mode` selects, each with a from_batch (at 16 and at 4) changing `lanes`."""
+    (tmp_path / "w.cu.j2").write_text("template <int L> __global__ void a() {}\n"
+                                      "template <int L> __global__ void b() {}\n")
+    (tmp_path / "w.yaml").write_text(textwrap.dedent("""\
+        name: w
+        template: w.cu.j2
+        params:
+          mode: {type: str, default: both, allowed: [a, b, both, none]}
+          lanes: {type: int, default: 1}
+        entry_points:
+          - {name: a, symbol: "a<{{ lanes }}>", block: [1], grid: [W], args: [], when: "mode in ('a', 'both')",
+             from_batch: {at: 16, params: {lanes: 2}}}
+          - {name: b, symbol: "b<{{ lanes }}>", block: [1], grid: [B], args: [], when: "mode in ('b', 'both')",
+             from_batch: {at: 4, params: {lanes: 4}}}
+        """))
+    c = load_contract(str(tmp_path / "w.yaml"))
+    return c, lambda mode: resolve_params(c, {"mode": mode}, {})
+
+
+def test_entry_points_are_those_their_when_selects(tmp_path):
+    c, params = _entries_contract(tmp_path)
+    assert batch_thresholds(c, params("both")) == (4, 16)  # ascending
+    assert entry_symbols(c, params("a")) == (("a", "a<1>"), ("a (batch 16+)", "a<2>"))
+    only_b = launches(c, params("b"), {"B": 8, "W": 3}, {})
+    assert [(x.entry, x.symbol, x.grid) for x in only_b] == [("b", "b<4>", (8, 1, 1))]
+    with pytest.raises(KernelError, match=r"w\.yaml: no entry point applies to params \{'mode': 'none', 'lanes': 1\}"):
+        entry_symbols(c, params("none"))
+
+
+def test_a_launch_without_its_dims_is_a_kernel_error_naming_the_field(tmp_path):
+    c, params = _entries_contract(tmp_path)
+    with pytest.raises(KernelError, match=r"w\.yaml: entry_points\[0\]\.grid: 'W' is neither a param nor a bound dim; "
+                                          r"allowed: an int expression"):
+        launches(c, params("a"), {"B": 1}, {})
+    with pytest.raises(KernelError, match=r"w\.yaml: entry_points\[0\]\.from_batch: the launch has no batch dim "
+                                          r"B bound"):
+        launches(c, params("a"), {"W": 3}, {})
 
 
 def test_a_negative_workspace_is_refused_naming_it(tmp_path):
@@ -419,6 +497,29 @@ def test_a_kernel_arg_its_c_type_cannot_hold_is_a_kernel_error_naming_it(kind, v
         pack_arg("n", kind, value)
 
 
+def _site_contract(tmp_path, site_input):
+    (tmp_path / "s.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
+    (tmp_path / "s.yaml").write_text(textwrap.dedent(f"""\
+        name: s
+        template: s.cu.j2
+        inputs: [{{name: x, dtype: float32, shape: [4], site_input: {site_input!r}}}]
+        entry_points: [{{name: k, symbol: k, block: [1], grid: [1], args: []}}]
+        """))
+    return load_contract(str(tmp_path / "s.yaml"))
+
+
+@pytest.mark.parametrize("site_input", ["-1", "true"])
+def test_a_site_input_is_a_position(tmp_path, site_input):
+    assert site_inputs(_site_contract(tmp_path, "1"), {}) == {"x": 1}
+    with pytest.raises(KernelError, match=r"s\.yaml: inputs\[0\]\.site_input: must be a position \(an int >= 0\), "
+                                          r"got (-1|True)$"):
+        site_inputs(_site_contract(tmp_path, site_input), {})
+
+
+def test_a_contract_path_is_a_yaml_or_yml_file_or_has_a_slash():
+    assert [is_contract_path(r) for r in ("k.yaml", "k.yml", "mine/k", "nms")] == [True, True, True, False]
+
+
 def test_decode_inputs_bind_to_the_cut_inputs_by_position():
     """The preset orders the cut's inputs box_0, cls_0, box_1, ...; the contract's site_input says which
     of them each of its inputs is, so its box_i/cls_i need not be the model's tensor names."""
@@ -544,16 +645,17 @@ def test_a_contract_string_that_expands_past_its_bound_is_a_kernel_error(tmp_pat
         == [65535, 65536]
 
 
-def test_a_dtype_that_is_no_str_is_a_kernel_error(tmp_path):
+@pytest.mark.parametrize("dtype, got", [("'[1]'", r"\[1\]"), ("float128", "'float128'")])
+def test_a_dtype_that_is_no_str_is_a_kernel_error(tmp_path, dtype, got):
     """`dtype not in CTYPES` raised a bare TypeError (unhashable type: 'list'): exit 3, a DeepJIT bug."""
     (tmp_path / "h.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
-    (tmp_path / "h.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "h.yaml").write_text(textwrap.dedent(f"""\
         name: h
         template: h.cu.j2
-        inputs: [{name: x, dtype: '[1]', shape: [4]}]
-        entry_points: [{name: k, symbol: k, block: [1], grid: [1], args: []}]
+        inputs: [{{name: x, dtype: {dtype}, shape: [4]}}]
+        entry_points: [{{name: k, symbol: k, block: [1], grid: [1], args: []}}]
         """))
-    with pytest.raises(KernelError, match=r"h\.yaml: inputs\[0\]: dtype must be one of float32, .*got \[1\]"):
+    with pytest.raises(KernelError, match=rf"h\.yaml: inputs\[0\]: dtype must be one of float32, .*got {got}$"):
         signature(load_contract(str(tmp_path / "h.yaml")), {})
 
 
