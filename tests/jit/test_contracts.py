@@ -646,7 +646,7 @@ def test_a_contract_string_that_expands_past_its_bound_is_a_kernel_error(tmp_pat
 
 
 @pytest.mark.parametrize("dtype, got", [("'[1]'", r"\[1\]"), ("float128", "'float128'")])
-def test_a_dtype_that_is_no_str_is_a_kernel_error(tmp_path, dtype, got):
+def test_a_dtype_that_is_no_c_type_is_a_kernel_error(tmp_path, dtype, got):
     """`dtype not in CTYPES` raised a bare TypeError (unhashable type: 'list'): exit 3, a DeepJIT bug."""
     (tmp_path / "h.cu.j2").write_text("extern \"C\" __global__ void k() {}\n")
     (tmp_path / "h.yaml").write_text(textwrap.dedent(f"""\
