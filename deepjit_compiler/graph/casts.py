@@ -64,7 +64,8 @@ def round_through(model: onnx.ModelProto, dtypes: Mapping[str, str], own: Mappin
     it: the values a pipeline has when that tensor crosses a boundary stored in that dtype."""
     m = _copy(model)
     g = m.graph
-    _check_dtypes({**dtypes, **own})
+    _check_dtypes(dtypes)  # each on its own: merged, own[name] hid dtypes[name] (always the same names)
+    _check_dtypes(own)
     for name, dtype in dtypes.items():
         at = _producer(g, name)
         inner, back = _inner_name(m, name, own[name]), f"{name}__{own[name]}_back"

@@ -68,3 +68,29 @@ def test_bad_names_and_dtypes_are_refused():
         cast_outputs(model, {"y": "int8"})
     with pytest.raises(ValueError, match="no node of graph 'test' makes it"):
         round_through(model, {"x": "float16"}, {"x": "float32"})
+
+
+def test_a_shape_inferred_model_is_retyped_without_stale_value_infos():
+    # Plan pieces carry value infos (shape inference, the extractor): the retyped names' are dropped.
+    model = onnx.shape_inference.infer_shapes(chain_model())
+    model.graph.value_info.append(model.graph.output[0])  # as the extractor lists a piece's outputs
+    m16 = cast_outputs(model, {"y": "float16"})
+    np.testing.assert_array_equal(run(m16, x_feed(3))["y"], run(model, x_feed(3))["y"].astype(np.float16))
+    rounded = run(round_through(model, {"a": "float16"}, {"a": "float32"}), x_feed(3))
+    assert rounded["y"].dtype == np.float32 and not np.array_equal(rounded["y"], run(model, x_feed(3))["y"])
+
+
+def test_retyping_errors_name_the_tensor():
+    model = chain_model()
+    with pytest.raises(ValueError, match="cannot store a tensor as 'int8'"):
+        round_through(model, {"a": "int8"}, {"a": "float32"})
+    passthrough = chain_model()
+    passthrough.graph.output.append(onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 8, 8]))
+    with pytest.raises(ValueError, match="cannot retype 'x': no node of graph 'test' makes it"):
+        cast_outputs(passthrough, {"x": "float16"})
+    taken = chain_model()
+    for n in taken.graph.node:  # conv1 makes 'y__float32', the name the retyped 'y' would take inside
+        n.input[:] = ["y__float32" if i == "b" else i for i in n.input]
+        n.output[:] = ["y__float32" if o == "b" else o for o in n.output]
+    with pytest.raises(ValueError, match="cannot retype 'y': the graph already has a tensor named 'y__float32'"):
+        cast_outputs(taken, {"y": "float16"})
