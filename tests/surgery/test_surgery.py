@@ -352,3 +352,74 @@ def test_onnxruntime_fills_what_onnx_shape_inference_misses():
     # The last resort runs the model twice: dims that change with the input size stay symbolic.
     infos = ort_run_infos(model, ["b"])
     assert [d.dim_param or d.dim_value for d in infos["b"].type.tensor_type.shape.dim] == ["b:0", 4]
+
+
+# --- found by hand mutation ---------------------------------------------------------------------
+
+
+def test_a_cut_that_reads_the_cut_before_it_runs_right_after_it():
+    plan = plan_from_model(chain_model(), [cut("silu", ["a"], ["silu"]), cut("soft", ["silu"], ["mid"])])
+    assert kinds(plan) == [("segment", "segment_0"), ("kernel", "silu"), ("kernel", "soft"), ("segment", "segment_1")]
+    assert check_reassembly(plan, chain_model(), seed=0, samples=1, batch=2).passed
+
+
+def test_plan_step_names_a_missing_step():
+    plan = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])])
+    with pytest.raises(KeyError, match="no step 'sfot' \\(did you mean 'soft'\\?\\)"):
+        plan.step("sfot")
+
+
+def test_a_boundary_typed_only_by_the_models_value_info_is_cut():
+    # Nothing infers the custom op's output, but the exporter wrote its type into value_info.
+    model = mystery_model()
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info("m", onnx.TensorProto.FLOAT, ["N", 4]))
+    site = plan_from_model(model, [cut("tail", ["m"], ["y"])]).step("tail")
+    assert site.inputs == (TensorSig("m", "float32", ("N", 4)),)
+
+
+def test_shape_read_through_shape_start_takes_the_dims_it_reads():
+    # Shape(a, start=2) then Gather [0, 1] reads a's H and W (axes 2, 3), which 'g' shares; not N and C.
+    model = shape_model()
+    shape = next(n for n in model.graph.node if n.op_type == "Shape")
+    shape.attribute.append(onnx.helper.make_attribute("start", 2))
+    dims = next(t for t in model.graph.initializer if t.name == "dims")
+    dims.CopyFrom(onnx.numpy_helper.from_array(np.array([0, 1], np.int64), "dims"))
+    plan = plan_from_model(model, [cut("head", ["g"], ["y"])])
+    assert plan.step("head").facts["shape_reads"] == {"a": "g"}
+    assert check_reassembly(plan, model, seed=3, samples=1, dims={"H": 6, "W": 10}).passed
+
+
+def test_stages_refuse_a_model_tensor_they_cannot_take():
+    from deepjit_compiler.graph.casts import cast_outputs
+
+    with pytest.raises(SurgeryError, match=r"letterbox makes \[B, 3, 8, 8\] but model input 'x' is \['N', 4, 8, 8\]"):
+        plan_from_model(chain_model(), [CutRequest("lb", add="before", at="x",
+                                                   kernels=(KernelRequest("letterbox", {"size": 8}),))])
+    fp16 = cast_outputs(tiny_detector(), {"output0": "float16"})
+    with pytest.raises(SurgeryError, match=r"nms needs detections float32 .* but 'output0' is float16"):
+        plan_from_model(fp16, [CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms"),))])
+
+
+def test_shape_read_through_a_constant_node_takes_the_dims_it_reads():
+    # torch exports the Gather indices as a Constant node, not an initializer.
+    model = shape_model()
+    dims = next(t for t in model.graph.initializer if t.name == "dims")
+    model.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["dims"], name="dims_const", value=dims))
+    model.graph.initializer.remove(dims)
+    plan = plan_from_model(model, [cut("head", ["g"], ["y"])])
+    assert plan.step("head").facts["shape_reads"] == {"a": "g"}
+
+
+def test_a_random_op_output_is_computed_not_a_constant():
+    from conftest_models import make_model
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("RandomNormal", [], ["noise"], name="noise", shape=[1, 4], seed=1.0),
+             helper.make_node("Add", ["a", "noise"], ["b"], name="add"),
+             helper.make_node("Sigmoid", ["b"], ["y"], name="sigmoid")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    plan = plan_from_model(model, [cut("tail", ["a", "noise"], ["y"])])  # not refused as 'a constant'
+    assert names(plan.step("tail").inputs) == ["a", "noise"]
+    assert [n.op_type for n in plan.step("tail").reference.graph.node] == ["Add", "Sigmoid"]  # no second draw
