@@ -112,16 +112,24 @@ def test_nms_reference_is_a_valid_model_with_symbolic_batch_and_anchors():
 
 
 @pytest.mark.parametrize("bad, match", [({"conf_threshold": 1.5}, "conf_threshold"), ({"max_det": 0}, "max_det"),
-                                        ({"iou_threshold": -0.1}, "iou_threshold"), ({"agnostic": "yes"}, "agnostic")])
+                                        ({"iou_threshold": -0.1}, "iou_threshold"), ({"agnostic": "yes"}, "agnostic"),
+                                        ({"conf_threshold": 1.0}, r"conf_threshold must be a number in \[0, 1\)"),
+                                        ({"iou_threshold": True}, "iou_threshold"), ({"max_det": True}, "max_det")])
 def test_nms_rejects_bad_params(bad, match):
     with pytest.raises(SurgeryError, match=match):
         nms_reference(80, **bad)
 
 
+def test_nms_takes_the_ends_of_its_ranges():
+    # docs/semantics.md: iou_threshold in [0, 1] (1.0 suppresses nothing), conf_threshold from 0.
+    for ok in ({"iou_threshold": 1.0}, {"iou_threshold": 0.0}, {"conf_threshold": 0.0}, {"max_det": 1}):
+        onnx.checker.check_model(nms_reference(3, **ok))
+
+
 # --- letterbox ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("h, w", [(48, 80), (100, 37), (64, 64), (17, 200), (20, 30), (31, 33)])
+@pytest.mark.parametrize("h, w", [(48, 80), (100, 37), (64, 64), (17, 200), (20, 30), (31, 33), (64, 37)])  # dw 27: odd
 @pytest.mark.parametrize("swap_rb", [True, False])
 def test_letterbox_matches_oracle(h, w, swap_rb):
     rng = np.random.default_rng(h * 1000 + w)
@@ -178,7 +186,16 @@ def test_letterbox_reference_has_symbolic_batch_and_size():
 
 
 @pytest.mark.parametrize("bad, match", [({"size": 0}, "size"), ({"dtype": "int8"}, "dtype"),
-                                        ({"pad_value": 300}, "pad_value"), ({"swap_rb": 1}, "swap_rb")])
+                                        ({"pad_value": 300}, "pad_value"), ({"swap_rb": 1}, "swap_rb"),
+                                        ({"size": True}, "size"), ({"pad_value": -1}, "pad_value")])
 def test_letterbox_rejects_bad_params(bad, match):
     with pytest.raises(SurgeryError, match=match):
         letterbox_reference(**bad)
+
+
+def test_letterbox_pads_with_the_ends_of_its_range():
+    # pad_value in [0, 255]: a white (255) or black (0) border; the canvas shows it over 255.
+    raw = np.random.default_rng(5).integers(0, 256, (1, 16, 32, 3), dtype=np.uint8)
+    for pad in (0, 255):
+        got = run(letterbox_reference(size=32, pad_value=pad), raw_images=raw)["images"]
+        assert got[0, :, 0, 0].tolist() == [pad / 255.0] * 3  # the top rows are border (16 of 32 filled)
