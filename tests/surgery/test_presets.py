@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest_models import to_opset11
-from onnx import version_converter
+from onnx import helper, numpy_helper, version_converter
 
+from deepjit_compiler.errors import SurgeryError
 from deepjit_compiler.graph.ort import ort_session
 from deepjit_compiler.model.synth import synthesize_yolov8
 from deepjit_compiler.surgery.cut import plan_from_model
@@ -137,3 +138,32 @@ def test_preset_facts_reach_the_kernel_site():
     assert site.facts["dtypes"] == {"head": "float32", "output": "float32"}
     assert [h["name"] for h in site.facts["head_inputs"]] == [s.name for s in site.inputs]
     assert site.facts["ops"]["Softmax"] == 1 and site.facts["ops"]["Conv"] == 1
+
+
+def _no_dfl(m):  # DFL weights 2 * arange(16): a 1x1 conv to one channel, but no expectation
+    conv = next(n for n in m.graph.node if n.op_type == "Conv" and "/dfl/" in n.name)
+    w = next(t for t in m.graph.initializer if t.name == conv.input[1])
+    w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 2, w.name))
+
+
+def _identity_last(m):  # output0 made by an Identity after the Concat
+    last = next(n for n in m.graph.node if "output0" in n.output)
+    last.output[:] = ["pre_output0"]
+    m.graph.node.append(helper.make_node("Identity", ["pre_output0"], ["output0"], name="last"))
+
+
+def _no_sigmoid(m):  # the class scores through a Relu instead
+    next(n for n in m.graph.node if n.name == "/model.22/Sigmoid").op_type = "Relu"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_no_dfl, "preset 'yolov8_decode' found no DFL"),
+    (_identity_last, "detections output 'output0' is not made by a Concat (boxes, class scores); it comes from a Identity"),
+    (_no_sigmoid, "preset 'yolov8_decode': no class Sigmoid between the head convs and 'output0'"),
+])
+def test_preset_refuses_what_is_not_a_yolov8_decode(edit, message):
+    model = synth()
+    edit(model)
+    with pytest.raises(SurgeryError) as e:
+        yolov8_decode(model)
+    assert message in str(e.value)

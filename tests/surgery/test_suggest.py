@@ -84,3 +84,11 @@ def test_format_suggestions_prints_boundary_mix_and_yaml():
     assert "ops: Reshape x2, Sigmoid x1, Mul x1, Softmax x1" in text  # most common first
     assert "inputs:  a" in text and "outputs: mid" in text and "- name: wall_1" in text
     assert format_suggestions([]) == "no region of cheap ops worth a kernel was found"
+
+
+def test_format_suggestions_prints_each_note_under_its_suggestion():
+    found = suggest_cuts(two_cut_model())
+    lines = format_suggestions(found, notes=["removes 2 layers", "removes 3 layers"]).splitlines()
+    assert lines[2] == "   removes 2 layers" and lines[0].startswith("1. ")
+    second = lines.index(next(line for line in lines if line.startswith("2. ")))
+    assert lines[second + 2] == "   removes 3 layers"
