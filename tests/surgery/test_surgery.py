@@ -1,12 +1,25 @@
 """Graph surgery on tiny models: segments and kernel sites, their order and wiring, every error."""
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import onnx
 import pytest
-from conftest_models import chain_model, mystery_model, parallel_model, shape_model, tiny_detector, two_cut_model
+from conftest_models import (
+    chain_model,
+    make_model,
+    mystery_model,
+    parallel_model,
+    shape_model,
+    tiny_detector,
+    two_cut_model,
+)
+from onnx import TensorProto, helper
 
-from deepjit_compiler.errors import SurgeryError
+from deepjit_compiler.errors import DeepJITError, SurgeryError
+from deepjit_compiler.graph.casts import cast_outputs
 from deepjit_compiler.graph.ort import ort_session
 from deepjit_compiler.graph.serialize import MAX_IR_VERSION, pin_ir_version
 from deepjit_compiler.graph.shapes import _ort_run_infos as ort_run_infos
@@ -139,10 +152,6 @@ def test_plan_write_is_atomic_deterministic_and_loadable(tmp_path):
 
 def test_a_plan_write_that_fails_leaves_the_files_before_it_whole(tmp_path, monkeypatch):
     """Atomic: a write that fails before its rename (a full disk, a kill) leaves what was there."""
-    import os
-
-    from deepjit_compiler.errors import DeepJITError
-
     plan = plan_from_model(two_cut_model(), [cut("silu", ["a"], ["m1"])])
     before = {rel: f"an earlier {rel}".encode() for rel in (plan.relpath(s) for s in plan.steps)}
     for rel, data in before.items():
@@ -160,8 +169,6 @@ def test_a_plan_write_that_fails_leaves_the_files_before_it_whole(tmp_path, monk
 
 
 def test_plan_summary_is_plain_data():
-    import json
-
     plan = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])])
     summary = json.loads(json.dumps(plan.summary()))
     assert [s["kind"] for s in summary] == ["segment", "kernel", "segment"]
@@ -337,9 +344,6 @@ def test_pin_ir_version_caps_at_what_onnxruntime_reads():
 
 def test_onnxruntime_fills_what_onnx_shape_inference_misses():
     # com.microsoft ops are unknown to onnx, known to ONNX Runtime's symbolic shape inference.
-    from conftest_models import make_model
-    from onnx import TensorProto, helper
-
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("QuickGelu", ["a"], ["b"], domain="com.microsoft"),
              helper.make_node("Relu", ["b"], ["y"])]
     model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
@@ -352,9 +356,6 @@ def test_onnxruntime_fills_what_onnx_shape_inference_misses():
     # The last resort runs the model twice: dims that change with the input size stay symbolic.
     infos = ort_run_infos(model, ["b"])
     assert [d.dim_param or d.dim_value for d in infos["b"].type.tensor_type.shape.dim] == ["b:0", 4]
-
-
-# --- found by hand mutation ---------------------------------------------------------------------
 
 
 def test_a_cut_that_reads_the_cut_before_it_runs_right_after_it():
@@ -390,8 +391,6 @@ def test_shape_read_through_shape_start_takes_the_dims_it_reads():
 
 
 def test_stages_refuse_a_model_tensor_they_cannot_take():
-    from deepjit_compiler.graph.casts import cast_outputs
-
     with pytest.raises(SurgeryError, match=r"letterbox makes \[B, 3, 8, 8\] but model input 'x' is \['N', 4, 8, 8\]"):
         plan_from_model(chain_model(), [CutRequest("lb", add="before", at="x",
                                                    kernels=(KernelRequest("letterbox", {"size": 8}),))])
@@ -411,9 +410,6 @@ def test_shape_read_through_a_constant_node_takes_the_dims_it_reads():
 
 
 def test_a_random_op_output_is_computed_not_a_constant():
-    from conftest_models import make_model
-    from onnx import TensorProto, helper
-
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
              helper.make_node("RandomNormal", [], ["noise"], name="noise", shape=[1, 4], seed=1.0),
              helper.make_node("Add", ["a", "noise"], ["b"], name="add"),
