@@ -4,6 +4,8 @@
     two_cut_model    two cheap regions between convs, and a skip tensor 'a' that crosses both
     parallel_model   two cheap branches off one tensor, joined by an Add
     shape_model      a region that reads the Shape of a tensor outside it
+    batch_read_model a region that reads the batch of a tensor outside it; one input has batch 1
+    stride_read_model a region that reads ceil(H/2) outside it; its input is floor(H/2)
     mystery_model    a custom-domain op nobody can type or run
     tiny_detector    images [N, 3, 32, 32] -> output0 [N, 4 + 3, 16], for the added stages
     to_opset11       an opset-17 model rewritten the way torch exports at opset 11
@@ -116,6 +118,56 @@ def shape_model(*, read_channels: bool = False, seed: int = 3) -> onnx.ModelProt
     ]
     return make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, "H", "W"])],
                       [helper.make_tensor_value_info("y", F32, ["N", 2, None])], inits)
+
+
+def batch_read_model(seed: int = 5) -> onnx.ModelProto:
+    """a = Conv(x, stride 2) + conv(MaxPool(x)) [N, 8, H/2, W/2] (even H and W only); g = conv1(a);
+    k = mean of g over the batch [1, 2, H/2, W/2]; y = Reshape(g - k, [N, -1]) where N comes from
+    Shape(a)[0]: k's batch is a's only at N = 1."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(_w(rng, 8, 4, 3, 3), "w0"), numpy_helper.from_array(_w(rng, 2, 8, 1, 1), "w1"),
+             numpy_helper.from_array(_w(rng, 8, 4, 1, 1), "wp"),
+             numpy_helper.from_array(np.array([0], np.int64), "dims"),
+             numpy_helper.from_array(np.array([-1], np.int64), "rest")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["s"], name="conv0", kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2]),
+        helper.make_node("MaxPool", ["x"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        _conv("conv_p", "p", "q", "wp", 1),
+        helper.make_node("Add", ["s", "q"], ["a"], name="join"),
+        _conv("conv1", "a", "g", "w1", 1),
+        helper.make_node("ReduceMean", ["g"], ["k"], name="batch_mean", axes=[0], keepdims=1),
+        helper.make_node("Shape", ["a"], ["shape_a"], name="shape"),
+        helper.make_node("Gather", ["shape_a", "dims"], ["n"], name="gather_n", axis=0),
+        helper.make_node("Concat", ["n", "rest"], ["target"], name="target", axis=0),
+        helper.make_node("Sub", ["g", "k"], ["d"], name="center"),
+        helper.make_node("Reshape", ["d", "target"], ["y"], name="flatten"),
+    ]
+    return make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, "H", "W"])],
+                      [helper.make_tensor_value_info("y", F32, ["N", None])], inits)
+
+
+def stride_read_model(*, width: str | int = "W", seed: int = 6) -> onnx.ModelProto:
+    """a = Conv(x, stride 2, pad 1) [N, 8, ceil(H/2), ceil(W/2)] (also output 'ya' = Relu(a));
+    g = conv1(MaxPool 2x2 (x)) [N, 2, floor(H/2), floor(W/2)]; y = Sigmoid(g) * (a's H * W):
+    g's H and W are a's at even input sizes only. `width`: the input's width."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(_w(rng, 8, 4, 3, 3), "w0"), numpy_helper.from_array(_w(rng, 2, 4, 1, 1), "w1"),
+             numpy_helper.from_array(np.array([2, 3], np.int64), "dims")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], name="conv0", kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2]),
+        helper.make_node("Relu", ["a"], ["ya"], name="relu"),
+        helper.make_node("MaxPool", ["x"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        _conv("conv1", "p", "g", "w1", 1),
+        helper.make_node("Shape", ["a"], ["shape_a"], name="shape"),
+        helper.make_node("Gather", ["shape_a", "dims"], ["hw"], name="gather_hw", axis=0),
+        helper.make_node("ReduceProd", ["hw"], ["area"], name="area", keepdims=1),
+        helper.make_node("Cast", ["area"], ["area_f"], name="cast", to=F32),
+        helper.make_node("Sigmoid", ["g"], ["sg"], name="sigmoid"),
+        helper.make_node("Mul", ["sg", "area_f"], ["y"], name="scale"),
+    ]
+    return make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, "H", width])],
+                      [helper.make_tensor_value_info("y", F32, ["N", 2, None, None]),
+                       helper.make_tensor_value_info("ya", F32, ["N", 8, None, None])], inits)
 
 
 def mystery_model() -> onnx.ModelProto:

@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from .shapes import PROBE_SIZES, concrete_shapes
+from .shapes import ODD_PROBE, PROBE_SIZES, concrete_shapes
 from .tensors import TensorSig, sig_from_value_info, value_info_map
 
 
@@ -75,6 +75,7 @@ class GraphIndex:
         self.outputs = [t.name for t in self.graph.outputs]
         self.infos = value_info_map(model)
         self._concrete: list[dict[str, tuple[int, ...]]] | None = None
+        self._odd: dict[str, tuple[int, ...]] | None = None
 
     def pos(self, node: gs.Node) -> int:
         return self._pos[id(node)]
@@ -104,6 +105,15 @@ class GraphIndex:
             sizes = PROBE_SIZES[:1] if static else PROBE_SIZES
             self._concrete = [concrete_shapes(self.model, batch=b, size=z) for b, z in sizes]
         return self._concrete
+
+    def odd_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Concrete shapes at ODD_PROBE (empty when the inputs are static), computed once. A model that
+        takes no odd size leaves the tensors past the failure out."""
+        if self._odd is None:
+            static = all(s is not None and s.is_static for s in (self.sig(n) for n in self.inputs))
+            b, z = ODD_PROBE
+            self._odd = {} if static else concrete_shapes(self.model, batch=b, size=z)
+        return self._odd
 
     def sig(self, name: str) -> TensorSig | None:
         vi = self.infos.get(name)

@@ -170,6 +170,9 @@ def concrete_shapes(model: onnx.ModelProto, *, batch: int = 1, size: int = 640) 
 
 
 PROBE_SIZES = ((1, 640), (2, 384))
+# Odd dims (321, 289, ...): PROBE_SIZES' dims are all multiples of 32, so a stride's floor and ceil
+# (MaxPool's ceil_mode, a padded strided Conv) agree at both; here they can differ.
+ODD_PROBE = (3, 321)
 
 
 def canonical_dims(model: onnx.ModelProto, names: Iterable[str],

@@ -128,7 +128,8 @@ def _dims_read(idx: GraphIndex, shape_node: int, rank: int) -> set[int]:
 
 def _shape_substitute(idx: GraphIndex, cut: str, shape_node: int, x: str, ins: Sequence[str]) -> str:
     """A cut input whose dims equal `x`'s on every axis the Shape node's consumers read, checked at two
-    input sizes (anchors need the feature map's H and W, which the head maps share)."""
+    input sizes (anchors need the feature map's H and W, which the head maps share) and, where both
+    are known there, at odd dims too (a floor and a ceil of a stride agree at the two)."""
     sx = idx.sig(x)
     rank = len(sx.shape) if sx is not None else None
     dims = _dims_read(idx, shape_node, rank) if rank is not None else set()
@@ -137,8 +138,10 @@ def _shape_substitute(idx: GraphIndex, cut: str, shape_node: int, x: str, ins: S
             sy = idx.sig(y)
             if sy is None or len(sy.shape) != rank:
                 continue
+            odd = idx.odd_shapes()
             if all(all(len(s.get(x, ())) == rank and s.get(x)[d] == s.get(y, (None,) * rank)[d] for d in dims)
-                   for s in idx.concrete_shapes()):
+                   for s in idx.concrete_shapes()) and \
+                    not (len(odd.get(x, ())) == len(odd.get(y, ())) == rank and any(odd[x][d] != odd[y][d] for d in dims)):
                 log.info("cut '%s': %s reads the shape of '%s' outside the cut; it reads '%s' instead (same dims %s)",
                          cut, idx.label(shape_node), x, y, sorted(dims))
                 return y

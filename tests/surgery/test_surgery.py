@@ -8,11 +8,13 @@ import numpy as np
 import onnx
 import pytest
 from conftest_models import (
+    batch_read_model,
     chain_model,
     make_model,
     mystery_model,
     parallel_model,
     shape_model,
+    stride_read_model,
     tiny_detector,
     two_cut_model,
 )
@@ -135,6 +137,30 @@ def test_shape_read_outside_the_cut_is_taken_from_an_input_with_the_same_dims():
     g = run(plan.step("segment").model, x=x)["g"]
     np.testing.assert_array_equal(run(site.reference, g=g)["y"], run(model, x=x)["y"])
     assert check_reassembly(plan, model, seed=3, samples=2, dims={"H": 6, "W": 10}).passed
+
+
+def test_shape_read_takes_an_input_whose_dims_match_at_every_batch():
+    # 'k' (batch 1) has a's batch at N = 1 only; listed first, it must still not be taken. The model
+    # takes even sizes only, so only the two even probe sizes can tell.
+    model = batch_read_model()
+    plan = plan_from_model(model, [cut("head", ["k", "g"], ["y"])])
+    assert plan.step("head").facts["shape_reads"] == {"a": "g"}
+    g = np.random.default_rng(2).standard_normal((3, 2, 5, 7)).astype(np.float32)
+    k = g.mean(axis=0, keepdims=True)
+    got = run(plan.step("head").reference, k=k, g=g)["y"]
+    np.testing.assert_allclose(got, (g - k).reshape(3, 70), rtol=1e-6)
+    assert check_reassembly(plan, model, seed=3, samples=1, batch=2, dims={"H": 6, "W": 10}).passed
+
+
+def test_shape_read_refuses_an_input_whose_dims_match_at_even_sizes_only():
+    # g is floor(H/2) high, a ceil(H/2): the same at every even H, one apart at H = 7 (W is 8 in both).
+    model = stride_read_model(width=8)
+    with pytest.raises(SurgeryError, match="cut 'head': node 'shape' reads the shape of 'a', which is outside the "
+                                           "cut, and no cut input has the same dims"):
+        plan_from_model(model, [cut("head", ["g"], ["y"])])
+    plan = plan_from_model(model, [cut("head", ["g", "a"], ["y"])])
+    assert "shape_reads" not in plan.step("head").facts
+    assert check_reassembly(plan, model, seed=3, samples=1, batch=2, dims={"H": 7}).passed
 
 
 def test_plan_write_is_atomic_deterministic_and_loadable(tmp_path):
