@@ -7,6 +7,7 @@
     batch_read_model a region that reads the batch of a tensor outside it; one input has batch 1
     stride_read_model a region that reads ceil(H/2) outside it; its input is floor(H/2)
     mystery_model    a custom-domain op nobody can type or run
+    two_input_model  inputs (scale, images), read images first; outputs (y, z), made z last
     tiny_detector    images [N, 3, 32, 32] -> output0 [N, 4 + 3, 16], for the added stages
     to_opset11       an opset-17 model rewritten the way torch exports at opset 11
 """
@@ -168,6 +169,26 @@ def stride_read_model(*, width: str | int = "W", seed: int = 6) -> onnx.ModelPro
     return make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, "H", width])],
                       [helper.make_tensor_value_info("y", F32, ["N", 2, None, None]),
                        helper.make_tensor_value_info("ya", F32, ["N", 8, None, None])], inits)
+
+
+def two_input_model(seed: int = 7) -> onnx.ModelProto:
+    """Inputs scale [N, 3, 1, 1] and images [N, 3, 8, 8], the first node reading images; a = conv0(images);
+    m = SiLU(a); y = conv1(m) * Relu(scale); z = Tanh(a) is the second output, made by the last node."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(_w(rng, 8, 3, 3, 3), "w0"), numpy_helper.from_array(_w(rng, 3, 8, 1, 1), "w1")]
+    nodes = [
+        _conv("conv0", "images", "a", "w0", 3),
+        helper.make_node("Relu", ["scale"], ["rs"], name="relu"),
+        helper.make_node("Sigmoid", ["a"], ["s"], name="sigmoid"),
+        helper.make_node("Mul", ["a", "s"], ["m"], name="silu_mul"),
+        _conv("conv1", "m", "c", "w1", 1),
+        helper.make_node("Mul", ["c", "rs"], ["y"], name="scale_mul"),
+        helper.make_node("Tanh", ["a"], ["z"], name="tanh"),
+    ]
+    return make_model(nodes, [helper.make_tensor_value_info("scale", F32, ["N", 3, 1, 1]),
+                              helper.make_tensor_value_info("images", F32, ["N", 3, 8, 8])],
+                      [helper.make_tensor_value_info("y", F32, ["N", 3, 8, 8]),
+                       helper.make_tensor_value_info("z", F32, ["N", 8, 8, 8])], inits)
 
 
 def mystery_model() -> onnx.ModelProto:

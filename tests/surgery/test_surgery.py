@@ -17,6 +17,7 @@ from conftest_models import (
     stride_read_model,
     tiny_detector,
     two_cut_model,
+    two_input_model,
 )
 from onnx import TensorProto, helper
 
@@ -115,6 +116,24 @@ def test_independent_cuts_run_one_after_the_other():
     assert kinds(plan) == [("segment", "segment_0"), ("kernel", "left"), ("kernel", "right"), ("segment", "segment_1")]
     assert names(plan.step("segment_1").inputs) == ["p1", "p2"]
     assert check_reassembly(plan, parallel_model(), seed=0, samples=1).passed
+
+
+def test_segments_list_tensors_in_the_models_input_and_output_order():
+    # conv0 reads 'images' before relu reads 'scale'; 'z' is made after 'a' and 'rs'.
+    plan = plan_from_model(two_input_model(), [cut("silu", ["a"], ["m"])])
+    assert names(plan.inputs) == ["scale", "images"] and names(plan.outputs) == ["y", "z"]
+    seg0, seg1 = plan.step("segment_0"), plan.step("segment_1")
+    assert names(seg0.inputs) == ["scale", "images"] and [i.name for i in seg0.model.graph.input] == ["scale", "images"]
+    assert names(seg0.outputs) == ["z", "a", "rs"]  # model outputs first, then in the order they are made
+    assert names(seg1.inputs) == ["m", "rs"] and names(seg1.outputs) == ["y"]
+    assert check_reassembly(plan, two_input_model(), seed=1, samples=1, batch=2).passed
+
+
+def test_nodes_whose_outputs_nothing_reads_make_no_segment():
+    model = chain_model()
+    model.graph.node.append(helper.make_node("Neg", ["y"], ["unused"], name="dead"))
+    plan = plan_from_model(model, [cut("tail", ["b"], ["y"])])
+    assert kinds(plan) == [("segment", "segment"), ("kernel", "tail")]
 
 
 def test_constants_are_copied_into_every_piece_that_needs_them():
