@@ -1,6 +1,7 @@
 """Graph surgery on tiny models: segments and kernel sites, their order and wiring, every error."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -29,7 +30,7 @@ from deepjit_compiler.graph.shapes import _ort_run_infos as ort_run_infos
 from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes
 from deepjit_compiler.graph.tensors import TensorSig, value_info_map
 from deepjit_compiler.surgery.cut import plan_from_model
-from deepjit_compiler.surgery.plan import AddedStage, CutRequest, KernelRequest, KernelSite, Segment
+from deepjit_compiler.surgery.plan import AddedStage, CutRequest, KernelRequest, KernelSite, Plan, Segment
 from deepjit_compiler.validation.executor import plan_runner
 from deepjit_compiler.validation.graph import check_reassembly
 
@@ -134,6 +135,19 @@ def test_nodes_whose_outputs_nothing_reads_make_no_segment():
     model.graph.node.append(helper.make_node("Neg", ["y"], ["unused"], name="dead"))
     plan = plan_from_model(model, [cut("tail", ["b"], ["y"])])
     assert kinds(plan) == [("segment", "segment"), ("kernel", "tail")]
+
+
+def test_constant_nodes_are_not_counted_as_ops_or_nodes():
+    model = chain_model()
+    for name in ("unflat", "w1"):  # used inside the cut, and by the segment after it
+        t = next(t for t in model.graph.initializer if t.name == name)
+        model.graph.node.insert(0, helper.make_node("Constant", [], [name], name=f"{name}_const", value=t))
+        model.graph.initializer.remove(t)
+    plan = plan_from_model(model, [cut("soft", ["a"], ["mid"])])
+    site, seg1 = plan.step("soft"), plan.step("segment_1")
+    assert all("Constant" in [n.op_type for n in m.graph.node] for m in (site.reference, seg1.model))
+    assert site.facts["nodes"] == 5 and site.facts["ops"] == {"Mul": 1, "Reshape": 2, "Sigmoid": 1, "Softmax": 1}
+    assert seg1.summary() == {"nodes": 2, "ops": {"Conv": 1, "Relu": 1}}
 
 
 def test_constants_are_copied_into_every_piece_that_needs_them():
@@ -247,6 +261,43 @@ def test_added_stages_wrap_the_model_and_replace_its_inputs_and_outputs():
     assert names(nms.inputs) == ["output0"] and lb.outputs[0] == TensorSig("images", "float32", ("N", 3, 32, 32))
     report = check_reassembly(plan, tiny_detector(), seed=0, samples=2, batch=2, dims={"height": 40, "width": 24})
     assert report.passed, report.describe()
+
+
+def test_letterbox_on_the_second_model_input_keeps_the_first():
+    lb = CutRequest("lb", add="before", at="images", kernels=(KernelRequest("letterbox", {"size": 8}),))
+    plan = plan_from_model(two_input_model(), [lb])
+    assert names(plan.inputs) == ["scale", "raw_images"] and names(plan.outputs) == ["y", "z", "ratio_pad"]
+    assert plan.step("lb").outputs[0] == TensorSig("images", "float32", ("N", 3, 8, 8))
+    report = check_reassembly(plan, two_input_model(), seed=1, samples=1, batch=2, dims={"height": 12, "width": 20})
+    assert report.passed, report.describe()
+
+
+def test_an_added_stages_params_override_the_sites_facts():
+    # A site fact named like an nms param (max_det, num_classes) does not change the stage's; other
+    # facts (the site's node count) reach it, the site's own input dtype does not.
+    plan = plan_from_model(tiny_detector(), [cut("act", ["flat_out"], ["output0"]),
+                                             CutRequest("n", add="after", at="output0",
+                                                        kernels=(KernelRequest("nms", {"max_det": 5}),))])
+    site = plan.step("act")
+    extra = dataclasses.replace(site, facts={**site.facts, "max_det": 1000, "num_classes": 99, "input_dtype": "float16"})
+    plan = Plan(tuple(extra if s is site else s for s in plan.steps), plan.inputs, plan.outputs)
+    facts = plan.kernel_facts(plan.step("n"))
+    assert (facts["max_det"], facts["num_classes"], facts["nodes"]) == (5, 3, 4) and "input_dtype" not in facts
+    assert plan.kernel_facts(extra)["max_det"] == 1000
+
+
+@pytest.mark.parametrize("channels", [4, 5])
+def test_nms_needs_at_least_one_class(channels):
+    model = make_model([helper.make_node("Relu", ["x"], ["output0"], name="relu")],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", channels, 16])],
+                       [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", channels, 16])])
+    nms = CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms"),))
+    if channels == 4:
+        with pytest.raises(SurgeryError, match=r"added stage 'n': nms needs detections float32 \[B, 4 \+ nc, anchors\] "
+                                               r"with a fixed 4 \+ nc, but 'output0' is float32 \['N', 4, 16\]"):
+            plan_from_model(model, [nms])
+    else:
+        assert plan_from_model(model, [nms]).step("n").params["num_classes"] == 1
 
 
 def test_added_stage_and_cut_together():
