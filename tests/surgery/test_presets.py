@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest_models import to_opset11
-from onnx import helper, numpy_helper, version_converter
+from onnx import TensorProto, helper, numpy_helper, version_converter
 
 from deepjit_compiler.errors import SurgeryError
 from deepjit_compiler.graph.ort import ort_session
@@ -156,8 +156,34 @@ def _no_sigmoid(m):  # the class scores through a Relu instead
     next(n for n in m.graph.node if n.name == "/model.22/Sigmoid").op_type = "Relu"
 
 
+def _two_dfls(m):  # a second arange conv on the DFL Softmax
+    conv = next(n for n in m.graph.node if n.op_type == "Conv" and "/dfl/" in n.name)
+    m.graph.node.append(helper.make_node("Conv", list(conv.input), ["extra_dfl"], name="extra_dfl"))
+
+
+def _two_outputs(m):  # the box distances are a model output too
+    m.graph.output.append(helper.make_tensor_value_info("/model.22/Sub_1_output_0", TensorProto.FLOAT, None))
+
+
+def _no_softmax(m):  # the DFL distribution through a Relu instead
+    sm = next(n for n in m.graph.node if n.op_type == "Softmax")
+    sm.op_type = "Relu"
+    del sm.attribute[:]
+
+
+def _no_dist2bbox(m):  # the distances multiplied by the anchors, never added to or subtracted from them
+    for n in m.graph.node:
+        if n.op_type in ("Sub", "Add") and n.name.startswith("/model.22/") and "/cv" not in n.name:
+            n.op_type = "Mul"
+
+
 @pytest.mark.parametrize("edit, message", [
     (_no_dfl, "preset 'yolov8_decode' found no DFL"),
+    (_two_dfls, "preset 'yolov8_decode' found 2 DFL convs"),
+    (_two_outputs, "preset 'yolov8_decode': the DFL conv '/model.22/dfl/conv/Conv' feeds 2 model outputs "
+                   "['output0', '/model.22/Sub_1_output_0']; expected exactly one detections output"),
+    (_no_softmax, "preset 'yolov8_decode': no DFL Softmax before the DFL conv"),
+    (_no_dist2bbox, "preset 'yolov8_decode': no dist2bbox (Sub/Add against the anchor points)"),
     (_identity_last, "detections output 'output0' is not made by a Concat (boxes, class scores); it comes from a Identity"),
     (_no_sigmoid, "preset 'yolov8_decode': no class Sigmoid between the head convs and 'output0'"),
 ])
@@ -167,3 +193,21 @@ def test_preset_refuses_what_is_not_a_yolov8_decode(edit, message):
     with pytest.raises(SurgeryError) as e:
         yolov8_decode(model)
     assert message in str(e.value)
+
+
+def test_preset_takes_a_shape_read_of_the_dfl_as_no_second_detections_output():
+    model = synth()
+    model.graph.node.append(helper.make_node("Shape", ["/model.22/dfl/conv/Conv_output_0"], ["dfl_shape"], name="dfl_shape"))
+    model.graph.output.append(helper.make_tensor_value_info("dfl_shape", TensorProto.INT64, [4]))
+    match = yolov8_decode(model)
+    assert match.inputs == tuple(head_names()) and match.outputs == ("output0",)
+
+
+def test_preset_dtype_facts_name_the_head_and_the_output_apart():
+    model = synth()  # output0 made in float16 from float32 head maps
+    concat = next(n for n in model.graph.node if "output0" in n.output)
+    for i, name in enumerate(list(concat.input)):
+        model.graph.node.append(helper.make_node("Cast", [name], [f"{name}_fp16"], name=f"cast_{i}", to=TensorProto.FLOAT16))
+        concat.input[i] = f"{name}_fp16"
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT16
+    assert decode_plan(model).step("decode").facts["dtypes"] == {"head": "float32", "output": "float16"}
