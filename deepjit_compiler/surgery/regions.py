@@ -126,6 +126,14 @@ def _dims_read(idx: GraphIndex, shape_node: int, rank: int) -> set[int]:
     return used
 
 
+def _same_dims(shapes: dict[str, tuple[int, ...]], x: str, y: str, dims: set[int], rank: int) -> bool | None:
+    """Whether x and y agree on `dims` in these concrete shapes; None when either has no shape of that rank."""
+    sx, sy = shapes.get(x, ()), shapes.get(y, ())
+    if len(sx) != rank or len(sy) != rank:
+        return None
+    return all(sx[d] == sy[d] for d in dims)
+
+
 def _shape_substitute(idx: GraphIndex, cut: str, shape_node: int, x: str, ins: Sequence[str]) -> str:
     """A cut input whose dims equal `x`'s on every axis the Shape node's consumers read, checked at two
     input sizes (anchors need the feature map's H and W, which the head maps share) and, where both
@@ -138,10 +146,8 @@ def _shape_substitute(idx: GraphIndex, cut: str, shape_node: int, x: str, ins: S
             sy = idx.sig(y)
             if sy is None or len(sy.shape) != rank:
                 continue
-            odd = idx.odd_shapes()
-            if all(all(len(s.get(x, ())) == rank and s.get(x)[d] == s.get(y, (None,) * rank)[d] for d in dims)
-                   for s in idx.concrete_shapes()) and \
-                    not (len(odd.get(x, ())) == len(odd.get(y, ())) == rank and any(odd[x][d] != odd[y][d] for d in dims)):
+            if all(_same_dims(s, x, y, dims, rank) is True for s in idx.concrete_shapes()) \
+                    and _same_dims(idx.odd_shapes(), x, y, dims, rank) is not False:
                 log.info("cut '%s': %s reads the shape of '%s' outside the cut; it reads '%s' instead (same dims %s)",
                          cut, idx.label(shape_node), x, y, sorted(dims))
                 return y
