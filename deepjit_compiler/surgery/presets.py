@@ -136,6 +136,7 @@ def yolov8_decode(model: onnx.ModelProto | GraphIndex) -> PresetMatch:
     if idx.nodes[idx.producer(det)].op != "Concat":
         raise SurgeryError(f"preset 'yolov8_decode': detections output '{det}' is not made by a Concat "
                            f"(boxes, class scores); it comes from a {idx.nodes[idx.producer(det)].op}")
+    _check_output_order(idx, det, reach)
     region, maps = _walk_back(idx, det, dfl)
     ops = {idx.nodes[i].op for i in region}
     for need, what in (("Sigmoid", "class Sigmoid"), ("Mul", "stride Mul")):
@@ -157,6 +158,14 @@ def yolov8_decode(model: onnx.ModelProto | GraphIndex) -> PresetMatch:
     log.info("yolov8_decode: reg_max %d, %d classes, strides %s, %s head, %s anchors", reg_max, nc,
              facts["strides"], facts["head_layout"], facts["anchors"])
     return PresetMatch(inputs, (det,), facts)
+
+
+def _check_output_order(idx: GraphIndex, det: str, reach: set[int]) -> None:
+    """The kernel writes boxes then class scores: the detections Concat must take the DFL's path first."""
+    parts = idx.ins(idx.producer(det))
+    if idx.producer(parts[0]) not in reach or idx.producer(parts[-1]) in reach:
+        raise SurgeryError(f"preset 'yolov8_decode': detections output '{det}' concatenates {parts}; the kernel "
+                           "writes the boxes (the DFL's path) first and the class scores last")
 
 
 def _roles(idx: GraphIndex, maps: list[str], region: set[int], reg_max: int, nc: int | None, dfl: int) -> dict[str, str]:
@@ -202,7 +211,35 @@ def _levels(idx: GraphIndex, maps: list[str], roles: dict[str, str], region: set
     if sorted(levels) != list(range(len(levels))) or any(len(v) != 2 for v in levels.values()):
         raise SurgeryError(f"preset 'yolov8_decode': head maps do not pair up as one box and one class map per "
                            f"level: {dict(sorted(levels.items()))}")
-    return [levels[i] for i in range(len(levels))]
+    ordered = [levels[i] for i in range(len(levels))]
+    _check_level_maps(idx, ordered)
+    return ordered
+
+
+def _check_level_maps(idx: GraphIndex, levels: list[dict[str, str]]) -> None:
+    """The kernel decodes level i from box_i and cls_i on one H_i x W_i grid, levels by ascending stride
+    (the anchors' order): refuse maps the graph pairs or orders otherwise, or a split layout's per-level
+    Concat that puts the class map first (its Split would hand the DFL class logits)."""
+    for shapes in idx.concrete_shapes():
+        hw = [(shapes.get(lv["box"], (None,) * 4)[2:], shapes.get(lv["cls"], (None,) * 4)[2:]) for lv in levels]
+        for lv, (box, cls) in zip(levels, hw):
+            if None not in (*box, *cls) and box != cls:
+                raise SurgeryError(f"preset 'yolov8_decode': box map '{lv['box']}' {list(box)} and class map "
+                                   f"'{lv['cls']}' {list(cls)} sit at one level but differ in size: the graph "
+                                   "pairs maps of different levels")
+        sizes = [box[0] * box[1] for box, _ in hw if None not in box]
+        if len(sizes) == len(levels) and any(a <= b for a, b in zip(sizes, sizes[1:])):
+            raise SurgeryError(f"preset 'yolov8_decode': the levels are not in ascending stride order (sizes "
+                               f"{[list(box) for box, _ in hw]} of {[lv['box'] for lv in levels]}), as the "
+                               "anchors are")
+    for lv in levels:
+        for c in idx.consumers(lv["box"]):
+            node = idx.nodes[c]
+            names = [t.name for t in node.inputs]
+            if node.op == "Concat" and node.attrs.get("axis") == 1 and lv["cls"] in names and \
+                    names.index(lv["cls"]) < names.index(lv["box"]):
+                raise SurgeryError(f"preset 'yolov8_decode': the per-level Concat '{idx.label(c)}' takes class map "
+                                   f"'{lv['cls']}' before box map '{lv['box']}'; the box channels come first")
 
 
 def _image_input(idx: GraphIndex):

@@ -211,3 +211,56 @@ def test_preset_dtype_facts_name_the_head_and_the_output_apart():
         concat.input[i] = f"{name}_fp16"
     model.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT16
     assert decode_plan(model).step("decode").facts["dtypes"] == {"head": "float32", "output": "float16"}
+
+
+def _anchor_concats(m):  # the box then the class maps' level flattening (Concat along axis 2)
+    return [n for n in m.graph.node if n.op_type == "Concat" and n.attribute[0].i == 2]
+
+
+def _class_levels_swapped(m):  # box maps in level order, class maps of levels 0 and 1 swapped
+    cat = _anchor_concats(m)[-1]
+    cat.input[0], cat.input[1] = cat.input[1], cat.input[0]
+
+
+def _levels_swapped(m):  # levels 0 and 1 swapped in every flattening: stride 16 first, the anchors stride 8 first
+    for cat in _anchor_concats(m):
+        cat.input[0], cat.input[1] = cat.input[1], cat.input[0]
+
+
+def _class_first_in_level(m):  # split layout: Concat(cls_0, box_0), so the Split hands the DFL class logits
+    cat = next(n for n in m.graph.node if n.op_type == "Concat" and n.attribute[0].i == 1 and "cv2.0" in n.input[0])
+    cat.input[0], cat.input[1] = cat.input[1], cat.input[0]
+
+
+def _scores_first(m):  # output0 = Concat(scores, boxes)
+    last = next(n for n in m.graph.node if "output0" in n.output)
+    last.input[0], last.input[1] = last.input[1], last.input[0]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("layout, edit, message", [
+    ("separate", _class_levels_swapped, "box map '{box0}' {hw0} and class map '{cls1}' {hw1} sit at one level but "
+                                        "differ in size: the graph pairs maps of different levels"),
+    ("separate", _levels_swapped, "the levels are not in ascending stride order (sizes [{hw1}, {hw0}, {hw2}] of "
+                                  "['{box1}', '{box0}', '{box2}']), as the anchors are"),
+    ("split", _levels_swapped, "the levels are not in ascending stride order"),
+    ("split", _class_first_in_level, "the per-level Concat '/model.22/Concat' takes class map '{cls0}' before box "
+                                     "map '{box0}'; the box channels come first"),
+    ("separate", _scores_first, "detections output 'output0' concatenates ['/model.22/Sigmoid_output_0', "
+                                "'/model.22/Mul_{mul}output_0']; the kernel writes the boxes (the DFL's path) first"),
+])
+def test_preset_refuses_maps_the_graph_pairs_or_orders_unlike_the_kernel(layout, edit, message, dynamic):
+    """Each edit leaves a valid model that ONNX Runtime runs, but whose output0 is not the kernel's decode
+    of the maps in the preset's order (taken before, off by hundreds of pixels or out of bounds): a
+    level's box and class maps of two sizes, levels out of the anchors' order, class channels where the
+    Split takes box ones, scores before boxes."""
+    model = synth(head_layout=layout, dynamic=dynamic)
+    edit(model)
+    x = np.random.default_rng(3).random((1, 3, IMGSZ, IMGSZ), dtype=np.float32)
+    assert ort_session(model).run(None, {"images": x})[0].shape == (1, 84, 2100)  # still runs
+    box, cls = head_names()[0::2], head_names()[1::2]
+    hw = ([[76, 72], [38, 36], [19, 18]] if dynamic else [[40, 40], [20, 20], [10, 10]])  # at the first shape probe
+    names = {f"{k}{i}": v for k, vs in (("box", box), ("cls", cls), ("hw", hw)) for i, v in enumerate(vs)}
+    with pytest.raises(SurgeryError) as e:
+        yolov8_decode(model)
+    assert message.format(**names, mul="3_" if dynamic else "") in str(e.value)
