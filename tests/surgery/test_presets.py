@@ -264,3 +264,55 @@ def test_preset_refuses_maps_the_graph_pairs_or_orders_unlike_the_kernel(layout,
     with pytest.raises(SurgeryError) as e:
         yolov8_decode(model)
     assert message.format(**names, mul="3_" if dynamic else "") in str(e.value)
+
+
+def _nested_class_levels(m):  # Concat(Concat(cls_0, cls_1), cls_2): the same anchors, but cls_2 second in its Concat
+    cat = _anchor_concats(m)[-1]
+    m.graph.node.append(helper.make_node("Concat", list(cat.input[:2]), ["cls_01"], name="cls_01", axis=2))
+    cat.input[:] = ["cls_01", cat.input[2]]
+
+
+def _level_gap(m, box_at: int, cls_at: int):  # an empty tensor put in each flattening, before or after the levels
+    for cat, c, at in zip(_anchor_concats(m), (64, 80), (box_at, cls_at)):
+        m.graph.initializer.append(numpy_helper.from_array(np.zeros((1, c, 0), np.float32), f"empty_{c}"))
+        cat.input.insert(at, f"empty_{c}")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_nested_class_levels, "two cls maps at one level: '{cls1}' and '{cls2}'"),
+    (lambda m: _level_gap(m, 0, 0), "head maps do not pair up as one box and one class map per level: "
+                                    "{{1: {{'box': '{box0}', 'cls': '{cls0}'}}, 2: {{'box': '{box1}', 'cls': '{cls1}'}}, "
+                                    "3: {{'box': '{box2}', 'cls': '{cls2}'}}}}"),
+    (lambda m: _level_gap(m, 0, 3), "head maps do not pair up as one box and one class map per level: "
+                                    "{{0: {{'cls': '{cls0}'}}, 1: {{'box': '{box0}', 'cls': '{cls1}'}}"),
+], ids=["two_at_one_level", "no_level_0", "unpaired"])
+def test_preset_refuses_head_maps_it_cannot_pair_by_level(edit, message):
+    """Levels are the maps' places in their flattening Concat: a map second in a nested Concat, or an
+    extra tensor before or after the levels, leaves maps it cannot pair; it names them, not a KeyError."""
+    model = synth(batch=1)
+    edit(model)
+    x = np.random.default_rng(4).random((1, 3, IMGSZ, IMGSZ), dtype=np.float32)
+    assert ort_session(model).run(None, {"images": x})[0].shape == (1, 84, 2100)  # still runs
+    names = {f"{k}{i}": v for k, vs in (("box", head_names()[0::2]), ("cls", head_names()[1::2])) for i, v in enumerate(vs)}
+    with pytest.raises(SurgeryError) as e:
+        yolov8_decode(model)
+    assert message.format(**names) in str(e.value)
+
+
+def test_preset_takes_a_dfl_softmax_written_as_exp_reducesum_div():
+    model = synth()
+    sm = next(n for n in model.graph.node if n.op_type == "Softmax")  # over the bins, axis 1
+    x, y = sm.input[0], sm.output[0]
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), "bins_axis"))
+    at = list(model.graph.node).index(sm)
+    model.graph.node.remove(sm)
+    for k, node in enumerate([helper.make_node("Exp", [x], ["dfl_exp"], name="dfl_exp"),
+                              helper.make_node("ReduceSum", ["dfl_exp", "bins_axis"], ["dfl_sum"], name="dfl_sum"),
+                              helper.make_node("Div", ["dfl_exp", "dfl_sum"], [y], name="dfl_div")]):
+        model.graph.node.insert(at + k, node)
+    images = np.random.default_rng(5).random((1, 3, IMGSZ, IMGSZ), dtype=np.float32)
+    expected = ort_session(synth()).run(None, {"images": images})[0]
+    np.testing.assert_allclose(ort_session(model).run(None, {"images": images})[0], expected, rtol=1e-5, atol=1e-3)
+    match = yolov8_decode(model)
+    assert match.inputs == tuple(head_names()) and match.facts["strides"] == STRIDES
+    assert check_reassembly(decode_plan(model), model, seed=3, samples=1).passed
