@@ -28,7 +28,7 @@ from deepjit_compiler.graph.ort import ort_session
 from deepjit_compiler.graph.serialize import MAX_IR_VERSION, pin_ir_version
 from deepjit_compiler.graph.shapes import _ort_run_infos as ort_run_infos
 from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes
-from deepjit_compiler.graph.tensors import TensorSig, value_info_map
+from deepjit_compiler.graph.tensors import TensorSig, is_complete, sig_from_value_info, value_info_map
 from deepjit_compiler.surgery.cut import plan_from_model
 from deepjit_compiler.surgery.plan import AddedStage, CutRequest, KernelRequest, KernelSite, Plan, Segment
 from deepjit_compiler.validation.executor import plan_runner
@@ -453,6 +453,36 @@ def test_onnxruntime_fills_what_onnx_shape_inference_misses():
     infos = ort_run_infos(model, ["b"])
     assert [d.dim_param or d.dim_value for d in infos["b"].type.tensor_type.shape.dim] == ["b:0", 4]
 
+
+
+def test_a_value_info_signature_names_anonymous_dims_and_knows_no_shape_from_a_scalar():
+    anonymous = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [None, 3, None])
+    assert sig_from_value_info(anonymous) == TensorSig("x", "float16", ("x:0", 3, "x:2"))
+    assert sig_from_value_info(helper.make_tensor_value_info("s", TensorProto.INT64, [])) == TensorSig("s", "int64", ())
+    no_shape = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    no_dtype = helper.make_tensor_value_info("z", TensorProto.UNDEFINED, [2, 3])
+    assert sig_from_value_info(no_shape) is None and sig_from_value_info(no_dtype) is None
+    assert [is_complete(vi) for vi in (helper.make_tensor_value_info("n", TensorProto.FLOAT, ["N", 4]), anonymous,
+                                       no_shape, no_dtype, None)] == [True, False, False, False, False]
+
+
+@pytest.mark.parametrize("partial", [
+    helper.make_tensor_value_info("b", TensorProto.FLOAT, None),             # no shape: not a scalar
+    helper.make_tensor_value_info("b", TensorProto.UNDEFINED, ["N", 4]),     # no dtype
+    helper.make_tensor_value_info("b", TensorProto.FLOAT, [None, 4]),        # an anonymous dim
+], ids=["no_shape", "no_dtype", "anonymous_dim"])
+def test_a_boundary_with_a_partial_value_info_is_completed(partial):
+    # The custom op's output as an exporter may leave it typed: ONNX Runtime fills what is missing.
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("QuickGelu", ["a"], ["b"], domain="com.microsoft"),
+             helper.make_node("Relu", ["b"], ["y"])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], domains=["com.microsoft"])
+    inferred = infer_shapes(model)
+    inferred.graph.value_info.append(partial)
+    done, missing = complete_value_info(inferred, ["b"])
+    assert missing == []
+    b = value_info_map(done)["b"].type.tensor_type
+    assert b.elem_type == TensorProto.FLOAT and [d.dim_param or d.dim_value for d in b.shape.dim] == ["N", 4]
 
 def test_a_cut_that_reads_the_cut_before_it_runs_right_after_it():
     plan = plan_from_model(chain_model(), [cut("silu", ["a"], ["silu"]), cut("soft", ["silu"], ["mid"])])
