@@ -147,18 +147,20 @@ def batch_read_model(seed: int = 5) -> onnx.ModelProto:
                       [helper.make_tensor_value_info("y", F32, ["N", None])], inits)
 
 
-def stride_read_model(*, width: str | int = "W", seed: int = 6) -> onnx.ModelProto:
+def stride_read_model(*, width: str | int = "W", even_only: str | None = None, seed: int = 6) -> onnx.ModelProto:
     """a = Conv(x, stride 2, pad 1) [N, 8, ceil(H/2), ceil(W/2)] (also output 'ya' = Relu(a));
     g = conv1(MaxPool 2x2 (x)) [N, 2, floor(H/2), floor(W/2)]; y = Sigmoid(g) * (a's H * W):
-    g's H and W are a's at even input sizes only. `width`: the input's width."""
+    g's H and W are a's at even input sizes only. `width`: the input's width. `even_only` 'a' or 'g':
+    that tensor also adds a map of the other's size, so it has no shape at odd sizes (nor does the model)."""
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array(_w(rng, 8, 4, 3, 3), "w0"), numpy_helper.from_array(_w(rng, 2, 4, 1, 1), "w1"),
              numpy_helper.from_array(np.array([2, 3], np.int64), "dims")]
+    a, g = ("a0" if even_only == "a" else "a"), ("g0" if even_only == "g" else "g")
     nodes = [
-        helper.make_node("Conv", ["x", "w0"], ["a"], name="conv0", kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2]),
+        helper.make_node("Conv", ["x", "w0"], [a], name="conv0", kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2]),
         helper.make_node("Relu", ["a"], ["ya"], name="relu"),
         helper.make_node("MaxPool", ["x"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
-        _conv("conv1", "p", "g", "w1", 1),
+        _conv("conv1", "p", g, "w1", 1),
         helper.make_node("Shape", ["a"], ["shape_a"], name="shape"),
         helper.make_node("Gather", ["shape_a", "dims"], ["hw"], name="gather_hw", axis=0),
         helper.make_node("ReduceProd", ["hw"], ["area"], name="area", keepdims=1),
@@ -166,6 +168,12 @@ def stride_read_model(*, width: str | int = "W", seed: int = 6) -> onnx.ModelPro
         helper.make_node("Sigmoid", ["g"], ["sg"], name="sigmoid"),
         helper.make_node("Mul", ["sg", "area_f"], ["y"], name="scale"),
     ]
+    if even_only == "a":  # + a floor(H/2) map
+        inits.append(numpy_helper.from_array(_w(rng, 8, 4, 1, 1), "w_even"))
+        nodes += [_conv("conv_even", "p", "a1", "w_even", 1), helper.make_node("Add", ["a0", "a1"], ["a"], name="even")]
+    elif even_only == "g":  # + a ceil(H/2) map
+        inits.append(numpy_helper.from_array(_w(rng, 2, 8, 1, 1), "w_even"))
+        nodes += [_conv("conv_even", "a", "g1", "w_even", 1), helper.make_node("Add", ["g0", "g1"], ["g"], name="even")]
     return make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, "H", width])],
                       [helper.make_tensor_value_info("y", F32, ["N", 2, None, None]),
                        helper.make_tensor_value_info("ya", F32, ["N", 8, None, None])], inits)

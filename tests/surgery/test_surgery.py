@@ -196,6 +196,18 @@ def test_shape_read_refuses_an_input_whose_dims_match_at_even_sizes_only():
     assert check_reassembly(plan, model, seed=3, samples=1, batch=2, dims={"H": 7}).passed
 
 
+
+@pytest.mark.parametrize("even_only", ["a", "g"])
+def test_shape_read_takes_an_input_matching_at_even_sizes_where_one_side_has_no_odd_shape(even_only):
+    # a or g adds a ceil(H/2) and a floor(H/2) map: the model runs at even sizes only, so the odd probe
+    # knows one of the two and cannot tell them apart.
+    model = stride_read_model(even_only=even_only)
+    plan = plan_from_model(model, [cut("head", ["g"], ["y"])])
+    assert plan.step("head").facts["shape_reads"] == {"a": "g"}
+    g = np.random.default_rng(4).standard_normal((2, 2, 5, 6)).astype(np.float32)
+    np.testing.assert_allclose(run(plan.step("head").reference, g=g)["y"], 30 / (1 + np.exp(-g)), rtol=1e-5)
+    assert check_reassembly(plan, model, seed=3, samples=1, batch=2, dims={"H": 10, "W": 12}).passed
+
 def test_plan_write_is_atomic_deterministic_and_loadable(tmp_path):
     cuts = [cut("silu", ["a"], ["m1"]), cut("soft", ["b"], ["m2"])]
     paths = plan_from_model(two_cut_model(), cuts).write(tmp_path / "one")
