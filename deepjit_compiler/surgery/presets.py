@@ -242,13 +242,16 @@ def _check_level_maps(idx: GraphIndex, levels: list[dict[str, str]]) -> None:
                                    f"'{lv['cls']}' before box map '{lv['box']}'; the box channels come first")
 
 
-def _image_input(idx: GraphIndex):
+def _image_input(idx: GraphIndex, head_map: str):
+    """The model's 4-D input that the head maps are computed from (another 4-D input, a mask say, is not the
+    image: taking it, or none of two, left every level's stride unknown). None when no one input is."""
     sigs = [s for s in (idx.sig(n) for n in idx.inputs) if s is not None and len(s.shape) == 4]
-    return sigs[0] if len(sigs) == 1 else None
+    feeding = [s for s in sigs if idx.producer(head_map) in _forward(idx, [s.name])]
+    return feeding[0] if len(feeding) == 1 else None
 
 
 def _facts(idx: GraphIndex, det: str, region: set[int], levels, roles, reg_max: int, nc: int) -> dict[str, Any]:
-    image = _image_input(idx)
+    image = _image_input(idx, levels[0]["box"])
     # Spatial sizes at a fixed input size (the model's own when static) give each level's stride.
     static = image is not None and all(isinstance(d, int) for d in image.shape[2:])
     shapes = idx.concrete_shapes()[0]

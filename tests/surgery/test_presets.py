@@ -316,3 +316,17 @@ def test_preset_takes_a_dfl_softmax_written_as_exp_reducesum_div():
     match = yolov8_decode(model)
     assert match.inputs == tuple(head_names()) and match.facts["strides"] == STRIDES
     assert check_reassembly(decode_plan(model), model, seed=3, samples=1).passed
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["after", "before"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_the_image_input_is_the_one_the_head_is_computed_from(first, dynamic):
+    """A second 4-D input that nothing of the head reads (a mask, say) left every stride unknown: the
+    kernel got strides [None, None, None]. 320 / 40, 20, 10 (the head maps' sides) are 8, 16, 32."""
+    model = synth(dynamic=dynamic)
+    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, 16, 16])
+    model.graph.input.insert(0, mask) if first else model.graph.input.append(mask)
+    facts = yolov8_decode(model).facts
+    assert (facts["strides"], facts["input"]) == (STRIDES, "images")
+    assert [(lv["stride"], lv["height"]) for lv in facts["levels"]] == (
+        [(8, "height/8"), (16, "height/16"), (32, "height/32")] if dynamic else [(8, 40), (16, 20), (32, 10)])
