@@ -91,7 +91,8 @@ def apply_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Sequen
         out = _fold_round_trips(out)
     # an opset upgrade (bf16) needs the IR version that goes with it; otherwise keep the model's own
     out.ir_version = max(out.ir_version, helper.find_min_ir_version_for(list(out.opset_import), ignore_unknown=True))
-    helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, "deepjit.precision": precision})
+    # the model's own metadata: the fp16/bf16 fold (a graphsurgeon export) drops it from `out`
+    helper.set_model_props(out, {**{p.key: p.value for p in model.metadata_props}, "deepjit.precision": precision})
     log.info("rewrote segment '%s' to %s (%d nodes kept fp32)", model.graph.name or "segment", precision,
              sum(1 for n in model.graph.node if n.op_type in ops or n.name in nodes))
     return out

@@ -144,6 +144,58 @@ def test_fp16_cost_sees_intermediate_rounding_that_ort_cpu_hides():
     assert measure_cost(ident, fp16, x_feeds)["y"].max_abs > 0.1
 
 
+def test_fp16_keeps_ort_block_list_and_the_models_metadata():
+    """keep_fp32 adds to ONNX Runtime's own list of ops without fp16 support (Max is one), and the
+    rewrite adds its key to the model's metadata rather than replacing it."""
+    model = chain_model()
+    model.graph.node[2].op_type = "Max"  # silu_mul: Max(a, sigmoid(a))
+    helper.set_model_props(model, {"exported_by": "tests"})
+    m16 = apply_precision(model, "fp16", keep_fp32=["Softmax"])
+    types = tensor_types(m16)
+    assert types[node(m16, "silu_mul").output[0]] == FLOAT and types[node(m16, "sigmoid").output[0]] == F16
+    assert {p.key: p.value for p in m16.metadata_props} == {"exported_by": "tests", "deepjit.precision": "fp16"}
+
+
+def _casts_model() -> onnx.ModelProto:
+    """Casts the fp16 pass leaves next to fp32 ones: an int32 input cast to float before a Softmax,
+    a truncation (Cast to int32 and back) between kept nodes, and no-op Casts to float of a tensor
+    another node also reads and of a graph output."""
+    f, i32 = lambda n, s: helper.make_tensor_value_info(n, FLOAT, s), TensorProto.INT32
+    nodes = [helper.make_node("Cast", ["n"], ["nf"], to=FLOAT, name="to_float"),
+             helper.make_node("Softmax", ["nf"], ["p"], axis=1, name="softmax"),
+             helper.make_node("Cast", ["x"], ["xi"], to=i32, name="trunc"),
+             helper.make_node("Cast", ["xi"], ["xt"], to=FLOAT, name="back"),
+             helper.make_node("Relu", ["xt"], ["t"], name="relu_t"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Cast", ["r"], ["rc"], to=FLOAT, name="noop"),
+             helper.make_node("Sigmoid", ["rc"], ["a"], name="sigmoid"),
+             helper.make_node("Neg", ["r"], ["b"], name="neg"),
+             helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+             helper.make_node("Cast", ["p"], ["pc"], to=FLOAT, name="noop_out"),
+             helper.make_node("Neg", ["pc"], ["q"], name="neg_p")]
+    graph = helper.make_graph(nodes, "casts", [helper.make_tensor_value_info("n", i32, [2, 5]), f("x", [2, 5])],
+                              [f("p", [2, 5]), f("t", [2, 5]), f("s", [2, 5]), f("q", [2, 5])])
+    return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_fp16_folds_only_float_round_trips_and_no_op_casts_nothing_else_reads():
+    model = _casts_model()
+    m16 = apply_precision(model, "fp16", keep_fp32=["Softmax", "trunc", "back", "noop_out"])
+    onnx.checker.check_model(m16, full_check=True)
+    rng = np.random.default_rng(16)
+    feed = {"n": rng.integers(-3000, 3000, size=(2, 5)).astype(np.int32),
+            "x": rng.uniform(-5, 5, size=(2, 5)).astype(np.float32)}
+    p, t, s, q = ort.InferenceSession(emulate_in_fp32(m16).SerializeToString(),
+                                      providers=["CPUExecutionProvider"]).run(["p", "t", "s", "q"], feed)
+    nf = feed["n"].astype(np.float16).astype(np.float64)  # the Cast to float now makes float16
+    e = np.exp(nf - nf.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(p, e / e.sum(axis=1, keepdims=True), rtol=1e-6, atol=1e-30)
+    np.testing.assert_array_equal(t, np.maximum(np.trunc(feed["x"]), 0))  # the truncation is kept
+    r = np.maximum(feed["x"], 0)
+    np.testing.assert_allclose(s, 1 / (1 + np.exp(-r)) - r, atol=4e-3)
+    np.testing.assert_allclose(q, -p)
+
+
 # -- bf16 -----------------------------------------------------------------------------------------
 
 def test_bf16_keeps_io_types_softmax_fp32_and_rounds_weights_from_fp32():
@@ -169,6 +221,50 @@ def test_bf16_costs_more_than_fp16():
     c16 = measure_cost(model, apply_precision(model, "fp16"), data)["y"]
     cb16 = measure_cost(model, apply_precision(model, "bf16"), data)["y"]
     assert cb16.median_abs > 2 * c16.median_abs > 0  # 8 mantissa bits against 11
+
+
+def test_bf16_keeps_ops_without_a_bf16_schema_in_fp32():
+    """At opset 22 Einsum takes no bfloat16, and Resize takes none for its scales: both stay fp32."""
+    w = np.random.default_rng(13).standard_normal((4, 4, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Resize", ["c", "", "scales"], ["r"], mode="nearest", name="resize"),
+             helper.make_node("Einsum", ["r"], ["e"], equation="nchw->nhwc", name="einsum"),
+             helper.make_node("Relu", ["e"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "resize_einsum", [helper.make_tensor_value_info("x", FLOAT, [1, 4, 4, 4])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 8, 8, 4])],
+                              [numpy_helper.from_array(w, "w"),
+                               numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    mb = apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "bf16")
+    onnx.checker.check_model(mb, full_check=True)
+    types = tensor_types(mb)
+    assert [types[t] for t in (*node(mb, "resize").input[:1], *node(mb, "einsum").output)] == [FLOAT, FLOAT]
+    assert types[node(mb, "conv").output[0]] == types[node(mb, "relu").output[0]] == BF16
+
+
+def test_bf16_constants_are_rounded_from_fp32_and_dtype_attributes_retyped():
+    """A Constant of 70000 (past fp16's 65504, which the fp16 pass clamps to) is bf16's 70144, and an
+    EyeLike made in float16 by the fp16 pass makes bfloat16; the emulated graph computes with them."""
+    w = np.random.default_rng(14).standard_normal((4, 4, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Constant", [], ["k"], name="big", value=numpy_helper.from_array(np.float32(70000.0))),
+             helper.make_node("Mul", ["c", "k"], ["m"], name="mul"),
+             helper.make_node("EyeLike", ["sq"], ["eye"], name="eye", dtype=FLOAT),
+             helper.make_node("Add", ["m", "eye"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "constants", [helper.make_tensor_value_info("x", FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.ones((8, 8), np.float32), "sq")])
+    mb = apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), "bf16")
+    onnx.checker.check_model(mb, full_check=True)
+    k = node(mb, "big").attribute[0].t
+    assert k.data_type == BF16 and float(numpy_helper.to_array(k).astype(np.float32)) == 70144.0
+    assert tensor_types(mb)["eye"] == BF16
+    x = np.random.default_rng(15).uniform(-1, 1, size=(1, 4, 8, 8)).astype(np.float32)
+    bf = lambda a: np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)  # noqa: E731
+    c = bf(np.einsum("oi,nihw->nohw", bf(w[:, :, 0, 0]), bf(x)))
+    expected = bf(bf(c * 70144.0) + np.eye(8))
+    got = ort.InferenceSession(emulate_in_fp32(mb).SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=2 ** -7)
 
 
 # -- keep_fp32 ------------------------------------------------------------------------------------
@@ -227,6 +323,12 @@ def test_int8_is_symmetric_per_channel_qdq_and_skips_kept_ops(tmp_path):
     sm = node(q, "softmax")
     assert producers[sm.input[0]].op_type != "DequantizeLinear"  # Softmax sees fp32, not int8
     assert [o.type.tensor_type.elem_type for o in q.graph.output] == [FLOAT]
+
+
+def test_int8_keeps_an_op_type_named_in_keep_fp32_unquantized(tmp_path):
+    q = apply_precision(conv_softmax_model(), "int8", keep_fp32=["Conv"], calibration=random_calibration(tmp_path))
+    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in q.graph.node}
+    assert {t.name for t in q.graph.initializer if t.data_type == FLOAT} == {"w1", "b1", "w2"}
 
 
 def test_int8_costs_more_than_fp16(tmp_path):
