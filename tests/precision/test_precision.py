@@ -12,7 +12,7 @@ import pytest
 from conftest_models import chain_model
 from onnx import TensorProto, helper, numpy_helper
 
-from deepjit_compiler.errors import RuntimeInputError, SpecError
+from deepjit_compiler.errors import ModelError, RuntimeInputError, SpecError
 from deepjit_compiler.precision.calibration import CalibrationSettings, reader_for
 from deepjit_compiler.precision.emulate import emulate_in_fp32, measure_cost
 from deepjit_compiler.precision.rewrite import DEFAULT_KEEP_FP32, KEEP_FP32_REASONS, apply_precision, check_keep_fp32
@@ -194,6 +194,47 @@ def test_fp16_folds_only_float_round_trips_and_no_op_casts_nothing_else_reads():
     r = np.maximum(feed["x"], 0)
     np.testing.assert_allclose(s, 1 / (1 + np.exp(-r)) - r, atol=4e-3)
     np.testing.assert_allclose(q, -p)
+
+
+def _identity(dtype: int = FLOAT, name: str = "ident") -> onnx.ModelProto:
+    """x [1, 4, 8, 8] of `dtype` -> Cast to float -> y."""
+    return helper.make_model(helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=FLOAT)], name,
+        [helper.make_tensor_value_info("x", dtype, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])]), opset_imports=[helper.make_opsetid("", 22)])
+
+
+def test_measure_cost_statistics_over_all_feeds_by_hand():
+    """The +1000/-1000 detour in fp16 against the identity, over two feeds of different scales: every
+    statistic from the hand-rounded values, the output scale the larger feed's."""
+    rng = np.random.default_rng(17)
+    xs = [rng.uniform(0.5, 4, size=(1, 4, 8, 8)).astype(np.float32),
+          rng.uniform(0.01, 0.4, size=(1, 4, 8, 8)).astype(np.float32)]
+    cost = measure_cost(_identity(), _offset_model(F16), [{"x": x} for x in xs])["y"]
+    x = np.concatenate([a.ravel() for a in xs]).astype(np.float64)
+    a = (x.astype(np.float16).astype(np.float64) + 1000).astype(np.float16)
+    err = np.abs((a.astype(np.float64) - 1000).astype(np.float16).astype(np.float64) - x)
+    assert (cost.max_abs, cost.median_abs) == pytest.approx((err.max(), np.median(err)), rel=1e-6)
+    assert (cost.max_rel, cost.median_rel) == pytest.approx(((err / x).max(), np.median(err / x)), rel=1e-6)
+    assert cost.ref_max_abs == pytest.approx(float(xs[0].max()))
+
+
+@pytest.mark.parametrize("dtype,low", [(F16, np.float16), (BF16, ml_dtypes.bfloat16)])
+def test_emulation_rounds_a_low_precision_graph_input(dtype, low):
+    x = np.random.default_rng(18).uniform(-1, 1, size=(1, 4, 8, 8)).astype(np.float32)
+    got = ort.InferenceSession(emulate_in_fp32(_identity(dtype)).SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, x.astype(low).astype(np.float32))
+    assert not np.array_equal(got, x)
+
+
+def test_measure_cost_feeds_an_fp16_input_and_names_a_missing_output():
+    x = np.random.default_rng(19).uniform(-1, 1, size=(1, 4, 8, 8)).astype(np.float16)
+    assert measure_cost(_identity(F16), _identity(F16), [{"x": x}])["y"].max_abs == 0
+    renamed = _identity()
+    renamed.graph.node[0].output[0] = renamed.graph.output[0].name = "z"
+    with pytest.raises(ModelError, match=r"segment 'ident': the rewritten segment lacks outputs \['y'\]"):
+        measure_cost(_identity(), renamed, [{"x": x.astype(np.float32)}])
 
 
 # -- bf16 -----------------------------------------------------------------------------------------
