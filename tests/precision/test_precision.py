@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest_models import chain_model
+from conftest_models import chain_model, two_input_model
 from onnx import TensorProto, helper, numpy_helper
 
 from deepjit_compiler.errors import ModelError, RuntimeInputError, SpecError
@@ -60,8 +60,8 @@ def node(model: onnx.ModelProto, name: str) -> onnx.NodeProto:
 
 
 def random_calibration(tmp_path, seed: int = 0, samples: int = 4, **kw) -> CalibrationSettings:
-    return CalibrationSettings(data="random", cache=tmp_path / "calib", samples=samples, seed=seed,
-                               ranges={"x": (-1.0, 1.0)}, shapes={"x": (1, 3, 16, 16)}, **kw)
+    kw = {"ranges": {"x": (-1.0, 1.0)}, "shapes": {"x": (1, 3, 16, 16)}, **kw}
+    return CalibrationSettings(data="random", cache=tmp_path / "calib", samples=samples, seed=seed, **kw)
 
 
 # -- fp16 -----------------------------------------------------------------------------------------
@@ -406,8 +406,11 @@ def test_calibration_cache_hit_skips_calibration(tmp_path, calibrations):
     assert len(calibrations) == 2 and len(list((tmp_path / "calib").glob("*.json"))) == 2
     apply_precision(conv_softmax_model(seed=1), "int8", calibration=settings)  # other weights
     assert len(calibrations) == 3
-    apply_precision(model, "int8", calibration=random_calibration(tmp_path, method="percentile"))
+    percentile = random_calibration(tmp_path, method="percentile")
+    apply_precision(model, "int8", calibration=percentile)
     assert len(calibrations) == 4
+    apply_precision(model, "int8", calibration=settings)  # each method has its own entry
+    assert len(calibrations) == 4 and len(list((tmp_path / "calib").glob("*.json"))) == 4
 
 
 def test_corrupt_calibration_cache_entry_is_a_miss(tmp_path, calibrations):
@@ -421,6 +424,16 @@ def test_corrupt_calibration_cache_entry_is_a_miss(tmp_path, calibrations):
     assert len(calibrations) == 2  # calibrated again instead of reading the broken entry
     assert entry.read_text() == good  # rewritten whole, with the same ranges
     assert again.SerializeToString() == first.SerializeToString()
+    other = random_calibration(tmp_path, method="percentile")
+    apply_precision(model, "int8", calibration=other)
+    (percentile,) = set((tmp_path / "calib").glob("*.json")) - {entry}
+    entry.write_text(percentile.read_text())  # ranges of another method under minmax's key
+    assert apply_precision(model, "int8", calibration=settings).SerializeToString() == first.SerializeToString()
+    assert len(calibrations) == 4 and entry.read_text() == good
+    entry.unlink()
+    entry.mkdir()
+    with pytest.raises(SpecError, match=rf"engine.calibration.cache: .*{entry.name} is not a file"):
+        apply_precision(model, "int8", calibration=settings)
 
 
 # -- calibration data -----------------------------------------------------------------------------
@@ -511,6 +524,70 @@ def test_random_reader_is_seeded_and_in_range(tmp_path):
     assert not np.array_equal(a, other)
 
 
+def _square_input_model(dims=("N", 3, "S", "S")) -> onnx.ModelProto:
+    """conv_softmax_model with symbolic input dims (its output's left unknown)."""
+    model = conv_softmax_model()
+    for d, v in zip(model.graph.input[0].type.tensor_type.shape.dim, dims):
+        if isinstance(v, str):
+            d.dim_param = v  # a oneof with dim_value
+        else:
+            d.dim_value = v
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    return model
+
+
+def test_random_reader_draws_each_sample_and_refuses_bad_shapes_and_ranges(tmp_path):
+    reader = reader_for(conv_softmax_model(), random_calibration(tmp_path, samples=2))
+    assert not np.array_equal(reader.get_next()["x"], reader.get_next()["x"])  # seeded per sample
+    for shape in ((1, 3, 16), (1, 3, 8, 8)):
+        with pytest.raises(SpecError, match=rf"calibration shape for input 'x' is \({', '.join(map(str, shape))}\), "
+                                            r"but the segment takes \[N, 3, 16, 16\]"):
+            reader_for(conv_softmax_model(), random_calibration(tmp_path, shapes={"x": shape}))
+    with pytest.raises(SpecError, match=r"input 'x' \[N, 3, S, S\]: its symbolic dims need a concrete shape"):
+        reader_for(_square_input_model(), random_calibration(tmp_path, shapes={}))
+    with pytest.raises(SpecError, match=r"range for input 'x': need low < high, got \[1.0, 1.0\]"):
+        reader_for(conv_softmax_model(), random_calibration(tmp_path, ranges={"x": (1.0, 1.0)}))
+
+
+def test_random_reader_takes_integer_ends_skips_initializer_inputs_and_digests_its_recipe(tmp_path):
+    model = conv_softmax_model()
+    model.graph.input.extend([helper.make_tensor_value_info("k", TensorProto.INT64, [8, 8]),
+                              helper.make_tensor_value_info("w1", FLOAT, [8, 3, 3, 3])])  # an IR 3 style weight
+    settings = random_calibration(tmp_path, ranges={"x": (-1.0, 1.0), "k": (0, 2)})
+    feeds = reader_for(model, settings).get_next()
+    assert set(feeds) == {"x", "k"} and sorted(np.unique(feeds["k"])) == [0, 1, 2]
+    digest = reader_for(model, settings).digest
+    for other in (random_calibration(tmp_path, samples=5, ranges={"x": (-1.0, 1.0), "k": (0, 2)}),
+                  random_calibration(tmp_path, ranges={"x": (-1.0, 2.0), "k": (0, 2)})):
+        assert reader_for(model, other).digest != digest
+
+
+def test_folder_reader_images_need_one_square_input_and_digest_their_size(tmp_path):
+    image = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    image.fromarray(np.random.default_rng(20).integers(0, 256, (12, 20, 3), dtype=np.uint8)).save(
+        tmp_path / "P0.PNG", format="PNG")  # a camera's upper-case suffix
+    square = _square_input_model()
+    at = lambda size: CalibrationSettings(data=tmp_path, cache=tmp_path / "c", shapes={"x": (1, 3, size, size)})  # noqa: E731
+    assert reader_for(square, at(16)).get_next()["x"].shape == (1, 3, 16, 16)
+    assert reader_for(square, at(16)).digest != reader_for(square, at(32)).digest  # letterboxed to another size
+    with pytest.raises(SpecError, match=r"holds images, but the segment's input 'x' \[N, 3, 16, 32\] takes none"):
+        reader_for(_square_input_model(("N", 3, 16, 32)), CalibrationSettings(data=tmp_path, cache=tmp_path / "c"))
+    with pytest.raises(SpecError, match=r"holds images, but the segment has 2 inputs \(scale, images\)"):
+        reader_for(two_input_model(), CalibrationSettings(data=tmp_path, cache=tmp_path / "c"))
+
+
+def test_npz_sample_without_the_input_or_of_another_rank_is_named(tmp_path):
+    x = np.random.default_rng(21).uniform(-1, 1, size=(1, 3, 16, 16, 2)).astype(np.float32)
+    for name, arrays, error in [("a", {"images": x[0]}, r"a\.npz: no array 'x'; it holds images"),
+                                ("b", {"x": x}, r"b\.npz: 'x' has shape \(1, 3, 16, 16, 2\), the segment takes "
+                                                r"\[N, 3, 16, 16\]")]:
+        (tmp_path / name).mkdir()
+        np.savez(tmp_path / name / f"{name}.npz", **arrays)
+        reader = reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path / name, cache=tmp_path / "c"))
+        with pytest.raises(SpecError, match=error):
+            reader.get_next()
+
+
 # -- synthetic YOLOv8n ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -558,12 +635,12 @@ def test_calibration_settings_from_spec(write_spec):
     from deepjit_compiler.spec.load import load_spec
 
     int8 = "  precision: int8\n  calibration: {data: random, cache: calib, samples: 3}\n"
-    path = write_spec({"  precision: fp16": int8 + "  # was",
+    path = write_spec({"  precision: fp16": int8 + "  # was", "  samples: 2\n  seed: 0": "  samples: 2\n  seed: 7",
                        "ranges: {images: [0.0, 1.0]}": "ranges: {images: [0.0, 255.0]}"})
     spec = load_spec(path).spec
     s = CalibrationSettings.from_spec(spec)
     assert (s.data, s.samples, s.cache) == ("random", 3, path.parent / "calib")
-    assert s.ranges == {"images": (0.0, 255.0)} and s.seed == spec.validation.seed
+    assert s.ranges == {"images": (0.0, 255.0)} and s.seed == 7
     assert s.shapes == {"images": spec.inputs["images"].min_shape}
     assert s.method == "minmax"  # the default
     assert CalibrationSettings.from_spec(load_spec(write_spec()).spec) is None
