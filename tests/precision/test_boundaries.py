@@ -52,11 +52,15 @@ def elem_types(vis) -> dict[str, int]:
     return {vi.name: vi.type.tensor_type.elem_type for vi in vis}
 
 
-def fp32_only_copy(folder: Path) -> Path:
-    """A user's copy of yolov8_decode whose dtype param allows float32 only."""
+def fp32_only_copy(folder: Path, allowed=("float32",)) -> Path:
+    """A user's copy of yolov8_decode whose dtype param allows float32 only (or `allowed`, None: any)."""
     folder.mkdir(exist_ok=True)
     data = yaml.safe_load((data_dir("kernels") / "yolov8_decode.yaml").read_text())
-    data["name"], data["params"]["dtype"]["allowed"] = "fp32_decode", ["float32"]
+    data["name"] = "fp32_decode"
+    if allowed is None:
+        del data["params"]["dtype"]["allowed"]
+    else:
+        data["params"]["dtype"]["allowed"] = list(allowed)
     (folder / "fp32_decode.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return folder / "fp32_decode.yaml"
 
@@ -89,6 +93,16 @@ def test_a_kernel_that_reads_fp32_keeps_its_boundary_fp32(tmp_path):
     assert plan_at_precision(explicit, "fp16") is explicit
     users = plan(decode_contract=str(fp32_only_copy(tmp_path)))
     assert plan_at_precision(users, "fp16") is users
+
+
+def test_a_kernel_set_to_fp16_or_allowing_any_dtype_gets_fp16_boundaries(tmp_path):
+    # set in the spec: the boundary and the site's input facts follow it, though nothing is inferred
+    site = plan_at_precision(plan({"dtype": "float16"}), "fp16").sites[0]
+    assert {t.dtype for t in site.inputs} == {t["dtype"] for t in site.facts["inputs"]} == {"float16"}
+    # a user's contract whose inferred dtype lists no allowed values takes the engine's
+    users = plan_at_precision(plan(decode_contract=str(fp32_only_copy(tmp_path, allowed=None))), "fp16")
+    assert {t.dtype for t in users.segments[0].outputs} == {"float16"}
+    assert users.sites[0].facts["input_dtype"] == "float16"
 
 
 def test_two_kernels_that_disagree_on_a_tensor_both_read_the_models_dtype(fp32_plan, tmp_path):
