@@ -293,7 +293,8 @@ def test_bf16_constants_are_rounded_from_fp32_and_dtype_attributes_retyped():
              helper.make_node("Add", ["m", "eye"], ["y"], name="add")]
     graph = helper.make_graph(nodes, "constants", [helper.make_tensor_value_info("x", FLOAT, [1, 4, 8, 8])],
                               [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])],
-                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.ones((8, 8), np.float32), "sq")])
+                              [numpy_helper.from_array(w, "w"),
+                               numpy_helper.from_array(np.ones((8, 8), np.float32), "sq")])
     mb = apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), "bf16")
     onnx.checker.check_model(mb, full_check=True)
     k = node(mb, "big").attribute[0].t
@@ -567,7 +568,9 @@ def test_folder_reader_images_need_one_square_input_and_digest_their_size(tmp_pa
     image.fromarray(np.random.default_rng(20).integers(0, 256, (12, 20, 3), dtype=np.uint8)).save(
         tmp_path / "P0.PNG", format="PNG")  # a camera's upper-case suffix
     square = _square_input_model()
-    at = lambda size: CalibrationSettings(data=tmp_path, cache=tmp_path / "c", shapes={"x": (1, 3, size, size)})  # noqa: E731
+    def at(size: int) -> CalibrationSettings:
+        return CalibrationSettings(data=tmp_path, cache=tmp_path / "c", shapes={"x": (1, 3, size, size)})
+
     assert reader_for(square, at(16)).get_next()["x"].shape == (1, 3, 16, 16)
     assert reader_for(square, at(16)).digest != reader_for(square, at(32)).digest  # letterboxed to another size
     with pytest.raises(SpecError, match=r"holds images, but the segment's input 'x' \[N, 3, 16, 32\] takes none"):
