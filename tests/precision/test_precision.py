@@ -373,6 +373,23 @@ def test_int8_keeps_an_op_type_named_in_keep_fp32_unquantized(tmp_path):
     assert {t.name for t in q.graph.initializer if t.data_type == FLOAT} == {"w1", "b1", "w2"}
 
 
+def test_int8_quantizes_a_per_tensor_weight_symmetrically(tmp_path):
+    """A MatMul's 1-D weight has no channel axis, so ORT quantizes it per tensor: there only the
+    WeightSymmetric option keeps its zero point 0 (per-channel weights are symmetric regardless)."""
+    w = np.random.default_rng(1).uniform(-0.2, 1.0, 8).astype(np.float32)  # lopsided: asymmetric would shift
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
+                              [helper.make_tensor_value_info("x", FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", FLOAT, ["N"])], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    calibration = random_calibration(tmp_path, ranges={"x": (-1.0, 1.0)}, shapes={"x": (1, 8)})
+    q = apply_precision(model, "int8", calibration=calibration)
+    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    assert inits["w_zero_point"] == 0 and inits["w_zero_point"].dtype == np.int8
+    np.testing.assert_allclose(inits["w_scale"], np.abs(w).max() / 127, rtol=1e-6)
+    np.testing.assert_array_equal(inits["w_quantized"], np.round(w / (np.abs(w).max() / 127)).astype(np.int8))
+
+
 def test_int8_costs_more_than_fp16(tmp_path):
     model, data = conv_softmax_model(), feeds(2, (2, 3, 16, 16), seed=6)
     c16 = measure_cost(model, apply_precision(model, "fp16"), data)["y"]
