@@ -14,12 +14,13 @@ import yaml
 
 from deepjit_compiler.config import data_dir
 from deepjit_compiler.graph.steps import StepRunner
+from deepjit_compiler.graph.tensors import TensorSig
 from deepjit_compiler.jit.contracts import load_contract, resolve_params
 from deepjit_compiler.model.synth import synthesize_yolov8
-from deepjit_compiler.precision.boundaries import boundary_dtypes, plan_at_precision
+from deepjit_compiler.precision.boundaries import boundary_dtypes, plan_at_precision, retyped
 from deepjit_compiler.precision.rewrite import apply_precision
 from deepjit_compiler.surgery.cut import plan_from_model
-from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
+from deepjit_compiler.surgery.plan import AddedStage, CutRequest, KernelRequest, KernelSite, Plan, Segment
 from deepjit_compiler.validation.graph import check_reassembly
 
 F16, F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
@@ -153,3 +154,128 @@ def test_the_graph_level_checks_the_cut_with_the_boundary_stored_in_fp16(fp16_pl
     unrounded = check_reassembly(dataclasses.replace(fp16_plan, model_dtypes={}), model(), seed=3, samples=1,
                                  input_ranges={"images": (0.0, 1.0)})
     assert not unrounded.passed and unrounded.first_mismatch.startswith("step 'segment' output '/model.22/")
+
+
+# -- toy plans: segments, sites and added stages reading what user contracts say --------------------
+
+DT = {"float32": F32, "float16": F16, "int32": onnx.TensorProto.INT32}
+INFERRED = "{{ dtype }}"  # an input read in the dtype the kernel's input_dtype fact gives
+
+
+def sig(name, dtype="float32"):
+    return TensorSig(name, dtype, ("N",))
+
+
+def casts_model(inputs, outputs):
+    """A graph from `inputs` to `outputs` ({name: dtype}), each output a Cast of the first input."""
+    first = next(iter(inputs))
+    nodes = [onnx.helper.make_node("Cast", [first], [o], to=DT[d]) for o, d in outputs.items()]
+    graph = onnx.helper.make_graph(nodes, "toy", [onnx.helper.make_tensor_value_info(n, DT[d], ["N"])
+                                                  for n, d in inputs.items()],
+                                   [onnx.helper.make_tensor_value_info(n, DT[d], ["N"]) for n, d in outputs.items()])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def user_kernel(folder: Path, name, inputs, *, by_name=()) -> KernelRequest:
+    """A user's contract reading `inputs` ([(name, dtype)]) at site positions 0, 1, ... and `by_name`
+    (the same) as the pipeline tensors of their names; its `dtype` param infers input_dtype."""
+    (folder / f"{name}.cu.j2").write_text("")
+    data = {"name": name, "template": f"{name}.cu.j2",
+            "params": {"dtype": {"type": "str", "default": "float32", "allowed": ["float32", "float16"],
+                                 "infer": "input_dtype"}},
+            "inputs": [{"name": n, "dtype": d, "shape": ["N"], "site_input": k} for k, (n, d) in enumerate(inputs)]
+            + [{"name": n, "dtype": d, "shape": ["N"]} for n, d in by_name],
+            "outputs": [{"name": f"{name}_out", "dtype": "float32", "shape": ["N"]}],
+            "entry_points": [{"name": name, "symbol": name, "block": [128], "grid": [1],
+                              "args": [{"name": f"{name}_out", "type": "ptr"}]}]}
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return KernelRequest(str(folder / f"{name}.yaml"), {})
+
+
+def segment(name, inputs, outputs):
+    return Segment(name, casts_model(inputs, outputs), tuple(sig(n, d) for n, d in inputs.items()),
+                   tuple(sig(n, d) for n, d in outputs.items()))
+
+
+def site(name, inputs, *kernels):
+    facts = {"input_dtype": "float32", "inputs": [sig(n, d).to_dict() for n, d in inputs.items()]}
+    return KernelSite(name, casts_model(inputs, {f"{name}_out": "float32"}),
+                      tuple(sig(n, d) for n, d in inputs.items()), (sig(f"{name}_out"),), facts, kernels)
+
+
+def stage(name, inputs, *kernels):
+    return AddedStage(name, "after", casts_model(inputs, {f"{name}_out": "float32"}),
+                      tuple(sig(n, d) for n, d in inputs.items()), (sig(f"{name}_out"),), {}, kernels)
+
+
+def toy_plan(*steps, inputs=None, outputs=()):
+    return Plan(steps, tuple(sig(n, d) for n, d in (inputs or {"x": "float32"}).items()),
+                tuple(sig(n) for n in outputs) or steps[-1].outputs)
+
+
+def test_only_float_boundaries_change_and_an_unchanged_integer_read_does_not_hold_a_step_back(tmp_path):
+    # the kernel reads the segment's int32 `n` in its float dtype: `n` stays int32 and the step reads as before
+    seg = segment("seg", {"x": "float32"}, {"a": "float32", "n": "int32"})
+    k = site("k", {"a": "float32", "n": "int32"}, user_kernel(tmp_path, "k", [("a", INFERRED), ("n", INFERRED)]))
+    assert boundary_dtypes(toy_plan(seg, k), "float16") == ({}, set())
+    # a float32 tensor a contract reads as int32 stays float32; the pipeline's int32 input `i` read as
+    # int32 either way does not keep the step from taking `b` in fp16
+    seg = segment("seg", {"x": "float32"}, {"a": "float32", "b": "float32"})
+    k = site("k", {"a": "float32", "b": "float32", "i": "int32"},
+             user_kernel(tmp_path, "k2", [("a", "int32"), ("b", INFERRED), ("i", "int32")]))
+    assert boundary_dtypes(toy_plan(seg, k, inputs={"x": "float32", "i": "int32"}), "float16") == \
+        ({"b": "float16"}, {"k"})
+
+
+def test_a_step_that_cannot_get_all_it_reads_in_fp16_reads_the_models_dtypes(tmp_path):
+    # `p` is a pipeline output: it stays float32, so the kernel cannot read it in fp16, nor `a` then
+    seg = segment("seg", {"x": "float32"}, {"a": "float32", "p": "float32"})
+    k = site("k", {"a": "float32", "p": "float32"}, user_kernel(tmp_path, "k", [("a", INFERRED), ("p", INFERRED)]))
+    plan_ = toy_plan(seg, k, outputs=("k_out", "p"))
+    assert boundary_dtypes(plan_, "float16") == ({}, set())
+    assert plan_at_precision(plan_, "fp16") is plan_
+
+
+def test_a_tensor_another_segment_reads_or_the_pipeline_outputs_keeps_its_dtype(tmp_path):
+    seg = segment("seg", {"x": "float32"}, {"a": "float32", "b": "float32", "c": "float32"})
+    k1 = site("k1", {"a": "float32"}, user_kernel(tmp_path, "k1", [("a", INFERRED)]))
+    k2 = site("k2", {"b": "float32"}, user_kernel(tmp_path, "k2", [("b", INFERRED)]))
+    seg2 = segment("seg2", {"b": "float32"}, {"y": "float32"})
+    k3 = stage("k3", {"c": "float32"}, user_kernel(tmp_path, "k3", [("c", INFERRED)]))
+    plan_ = toy_plan(seg, k1, k2, seg2, k3, outputs=("k1_out", "k2_out", "y", "c", "k3_out"))
+    assert boundary_dtypes(plan_, "float16") == ({"a": "float16"}, {"k1"})
+
+
+def test_an_added_stage_reading_a_segment_output_gets_it_in_fp16_as_its_input_dtype_param(tmp_path):
+    seg = segment("seg", {"x": "float32"}, {"a": "float32"})
+    nms = stage("post", {"a": "float32"}, user_kernel(tmp_path, "post", [("a", INFERRED)]))
+    typed = plan_at_precision(toy_plan(seg, nms), "fp16")
+    post = typed.added[0]
+    assert post.params == {"input_dtype": "float16"} and [t.dtype for t in post.inputs] == ["float16"]
+    assert resolve_params(load_contract(post.kernels[0].contract), {}, typed.kernel_facts(post))["dtype"] == "float16"
+    assert elem_types(post.reference.graph.input) == {"a": F16}
+    assert elem_types(typed.segments[0].model.graph.output) == {"a": F16}
+    assert typed.model_dtypes == {"a": "float32"}
+
+
+def test_retyping_again_keeps_the_models_dtype_of_every_tensor(tmp_path):
+    seg = segment("seg", {"x": "float32"}, {"a": "float32", "b": "float32"})
+    k = site("k", {"a": "float32", "b": "float32"}, user_kernel(tmp_path, "k", [("a", INFERRED), ("b", INFERRED)]))
+    once = retyped(toy_plan(seg, k), {"a": "float16"}, {})
+    assert once.model_dtypes == {"a": "float32"}
+    assert retyped(once, {"b": "float16"}, {}).model_dtypes == {"a": "float32", "b": "float32"}
+    assert retyped(once, {"a": "bfloat16"}, {}).model_dtypes == {"a": "float32"}  # not the float16 it had
+
+
+def test_an_input_past_the_sites_inputs_reads_the_tensor_of_its_name(tmp_path):
+    seg = segment("seg", {"x": "float32"}, {"a": "float32", "q": "float32"})
+    # the contract puts `q` at position 1; the site has only `a`: `q` is the pipeline's `q`
+    k = site("k", {"a": "float32"}, user_kernel(tmp_path, "k", [("a", INFERRED), ("q", INFERRED)]))
+    assert boundary_dtypes(toy_plan(seg, k), "float16") == ({"a": "float16", "q": "float16"}, {"k"})
+
+
+def test_an_added_stage_reads_a_tensor_the_model_has_in_fp16_in_fp16(tmp_path):
+    # no site fact gives the stage float16: lowering it reads `h` as the segment already makes it
+    seg = segment("seg", {"x": "float32"}, {"h": "float16"})
+    post = stage("post", {"h": "float16"}, user_kernel(tmp_path, "post", [("h", INFERRED)]))
+    assert boundary_dtypes(toy_plan(seg, post), "float16") == ({}, {"post"})
