@@ -60,13 +60,13 @@ def boundary_dtypes(plan: Plan, low: str, spec_dir: Path | None = None) -> tuple
     while True:
         wanted: dict[str, set[str]] = {}
         for s in kernel_steps:
-            for t, dtype in (as_low if s.name in lowered else base)[s.name].items():
-                wanted.setdefault(t, set()).add(dtype)
+            for t, ds in (as_low if s.name in lowered else base)[s.name].items():
+                wanted.setdefault(t, set()).update(ds)
         dtypes = {t: d for t, (d,) in ((t, wanted[t]) for t in candidates if t in wanted and len(wanted[t]) == 1)
                   if d != candidates[t] and d in FLOAT_TYPES and candidates[t] in FLOAT_TYPES}
         # a lowered step must get every tensor it now reads differently in that dtype; else it reads as before
         stuck = {n for n in lowered
-                 if any(dtypes.get(t, candidates.get(t)) != d for t, d in as_low[n].items() if base[n].get(t) != d)}
+                 if any({dtypes.get(t, candidates.get(t))} != ds for t, ds in as_low[n].items() if base[n].get(t) != ds)}
         if not stuck:
             return dtypes, lowered
         for n in sorted(stuck):
@@ -121,17 +121,18 @@ def _allows(step: KernelSite | AddedStage, dtype: str, spec_dir: Path | None) ->
                for name, p in contract.model.params.items() if p.infer == FACT and name not in given)
 
 
-def _reads(step: KernelSite | AddedStage, facts: Mapping, spec_dir: Path | None) -> dict[str, str]:
-    """{plan tensor: dtype} the step's kernels read, with `facts` filling their params."""
-    out: dict[str, str] = {}
+def _reads(step: KernelSite | AddedStage, facts: Mapping, spec_dir: Path | None) -> dict[str, set[str]]:
+    """{plan tensor: the dtypes the step's kernels read it in}, with `facts` filling their params: two
+    kernels of a step may read one tensor in two (then no one dtype can be handed to both)."""
+    out: dict[str, set[str]] = {}
     for contract, given in _kernels(step, spec_dir):
         params = resolve_params(contract, given, facts)
         at = site_inputs(contract, params)
         for sig in signature(contract, params):
             if sig.role == "input":
                 pos = at.get(sig.name)
-                out.setdefault(step.inputs[pos].name if pos is not None and pos < len(step.inputs) else sig.name,
-                               sig.dtype)
+                name = step.inputs[pos].name if pos is not None and pos < len(step.inputs) else sig.name
+                out.setdefault(name, set()).add(sig.dtype)
     return out
 
 

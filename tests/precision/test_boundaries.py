@@ -236,6 +236,18 @@ def test_a_step_that_cannot_get_all_it_reads_in_fp16_reads_the_models_dtypes(tmp
     assert plan_at_precision(plan_, "fp16") is plan_
 
 
+def test_two_kernels_of_one_step_that_read_a_tensor_in_two_dtypes_read_the_models(tmp_path):
+    # k1 would read `a` in fp16, k2 reads it in float32 whatever the engine: one stored `a` cannot be
+    # both, so the step reads as before (the first kernel's dtype won: k2 was handed fp16)
+    seg = segment("seg", {"x": "float32"}, {"a": "float32"})
+    k = site("k", {"a": "float32"}, user_kernel(tmp_path, "k1", [("a", INFERRED)]),
+             user_kernel(tmp_path, "k2", [("a", "float32")]))
+    assert boundary_dtypes(toy_plan(seg, k), "float16") == ({}, set())
+    both = site("k", {"a": "float32"}, user_kernel(tmp_path, "k1", [("a", INFERRED)]),
+                user_kernel(tmp_path, "k3", [("a", INFERRED)]))
+    assert boundary_dtypes(toy_plan(seg, both), "float16") == ({"a": "float16"}, {"k"})
+
+
 def test_a_tensor_another_segment_reads_or_the_pipeline_outputs_keeps_its_dtype(tmp_path):
     seg = segment("seg", {"x": "float32"}, {"a": "float32", "b": "float32", "c": "float32"})
     k1 = site("k1", {"a": "float32"}, user_kernel(tmp_path, "k1", [("a", INFERRED)]))
