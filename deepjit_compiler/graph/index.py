@@ -101,8 +101,7 @@ class GraphIndex:
     def concrete_shapes(self) -> list[dict[str, tuple[int, ...]]]:
         """Concrete shapes at two input sizes (one when the inputs are static), computed once."""
         if self._concrete is None:
-            static = all(s is not None and s.is_static for s in (self.sig(n) for n in self.inputs))
-            sizes = PROBE_SIZES[:1] if static else PROBE_SIZES
+            sizes = PROBE_SIZES[:1] if self._static_inputs() else PROBE_SIZES
             self._concrete = [concrete_shapes(self.model, batch=b, size=z) for b, z in sizes]
         return self._concrete
 
@@ -110,10 +109,12 @@ class GraphIndex:
         """Concrete shapes at ODD_PROBE (empty when the inputs are static), computed once. A model that
         takes no odd size leaves the tensors past the failure out."""
         if self._odd is None:
-            static = all(s is not None and s.is_static for s in (self.sig(n) for n in self.inputs))
             b, z = ODD_PROBE
-            self._odd = {} if static else concrete_shapes(self.model, batch=b, size=z)
+            self._odd = {} if self._static_inputs() else concrete_shapes(self.model, batch=b, size=z)
         return self._odd
+
+    def _static_inputs(self) -> bool:
+        return all(s is not None and s.is_static for s in (self.sig(n) for n in self.inputs))
 
     def sig(self, name: str) -> TensorSig | None:
         vi = self.infos.get(name)
