@@ -233,13 +233,17 @@ def _check_level_maps(idx: GraphIndex, levels: list[dict[str, str]]) -> None:
                                f"{[list(box) for box, _ in hw]} of {[lv['box'] for lv in levels]}), as the "
                                "anchors are")
     for lv in levels:
-        for c in idx.consumers(lv["box"]):
-            node = idx.nodes[c]
-            names = [t.name for t in node.inputs]
-            if node.op == "Concat" and node.attrs.get("axis") == 1 and lv["cls"] in names and \
-                    names.index(lv["cls"]) < names.index(lv["box"]):
+        for c in _level_concats(idx, lv):
+            names = idx.ins(c)
+            if names.index(lv["cls"]) < names.index(lv["box"]):
                 raise SurgeryError(f"preset 'yolov8_decode': the per-level Concat '{idx.label(c)}' takes class map "
                                    f"'{lv['cls']}' before box map '{lv['box']}'; the box channels come first")
+
+
+def _level_concats(idx: GraphIndex, lv: dict[str, str]) -> list[int]:
+    """The channel Concats of a level's box and class maps (the split layout's, which a Split undoes)."""
+    return [c for c in idx.consumers(lv["box"])
+            if idx.nodes[c].op == "Concat" and idx.nodes[c].attrs.get("axis") == 1 and lv["cls"] in idx.ins(c)]
 
 
 def _image_input(idx: GraphIndex, head_map: str):
@@ -270,9 +274,7 @@ def _facts(idx: GraphIndex, det: str, region: set[int], levels, roles, reg_max: 
     anchors = det_sig.shape[2] if det_sig is not None else None
     if static and all(isinstance(r["height"], int) for r in rows):
         anchors = sum(r["height"] * r["width"] for r in rows)
-    layout = "split" if any(
-        idx.nodes[c].op == "Concat" and idx.nodes[c].attrs.get("axis") == 1
-        for lv in levels for c in idx.consumers(lv["box"]) if lv["cls"] in idx.ins(c)) else "separate"
+    layout = "split" if any(_level_concats(idx, lv) for lv in levels) else "separate"
     computed = any(idx.nodes[i].op in ("Shape", "Range") for i in region)
     head_inputs = [{"name": lv[role], "role": role, "level": i, "stride": strides[i],
                     "channels": 4 * reg_max if role == "box" else nc}
