@@ -185,6 +185,7 @@ def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any], *, spec_dir: Pa
         if p.region is None:
             steps.append(Segment(p.name, m, ins, outs))
         else:
+            _verify(p.region, m)
             facts = {**p.region.facts, "inputs": [s.to_dict() for s in ins], "outputs": [s.to_dict() for s in outs],
                      "nodes": len(p.region.nodes), "ops": _ops(m)}
             steps.append(KernelSite(p.name, m, ins, outs, facts, tuple(p.region.cut.kernels)))
@@ -195,6 +196,15 @@ def plan_from_model(model: onnx.ModelProto, cuts: Sequence[Any], *, spec_dir: Pa
     log.info("surgery: %d steps (%s) in %.2f s", len(plan.steps),
              ", ".join(f"{s.kind} '{s.name}'" for s in plan.steps), time.perf_counter() - t0)
     return plan
+
+
+def _verify(region: Region, cut: onnx.ModelProto) -> None:
+    """The preset's check that the subgraph cut out computes what it found (none for named tensors)."""
+    if region.verify is not None:
+        try:
+            region.verify(cut)
+        except SurgeryError as e:
+            raise SurgeryError(f"cut '{region.name}': {e}") from None
 
 
 def _check_cut_names(cuts: Sequence[Any]) -> None:

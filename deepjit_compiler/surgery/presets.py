@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ import onnx
 
 from ..errors import SurgeryError
 from ..graph.index import GraphIndex, constant_value
+from .ultralytics import check_detect_decode
 
 log = logging.getLogger("deepjit.surgery")
 
@@ -32,6 +34,8 @@ class PresetMatch:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     facts: Mapping[str, Any]
+    # Checks the cut's extracted subgraph computes what the preset says it does (raises SurgeryError)
+    verify: Callable[[onnx.ModelProto], None] | None = None
 
 
 def _index(model: onnx.ModelProto | GraphIndex) -> GraphIndex:
@@ -157,7 +161,18 @@ def yolov8_decode(model: onnx.ModelProto | GraphIndex) -> PresetMatch:
     facts = _facts(idx, det, region, levels, roles, reg_max, nc)
     log.info("yolov8_decode: reg_max %d, %d classes, strides %s, %s head, %s anchors", reg_max, nc,
              facts["strides"], facts["head_layout"], facts["anchors"])
-    return PresetMatch(inputs, (det,), facts)
+    return PresetMatch(inputs, (det,), facts, _decode_check(idx, inputs, facts["strides"], reg_max))
+
+
+def _decode_check(idx: GraphIndex, inputs: tuple[str, ...], strides: list, reg_max: int):
+    """The check of the cut against ultralytics' decode, at the first probe's map sizes (batch 2 where the
+    batch is free, so images are told apart); None where a stride or a map size is unknown."""
+    shapes = idx.concrete_shapes()[0]
+    if None in strides or any(m not in shapes for m in inputs):
+        return None
+    free = [not isinstance(getattr(idx.sig(m), "shape", (None,))[0], int) for m in inputs]
+    dims = [(2 if f else shapes[m][0], *shapes[m][1:]) for m, f in zip(inputs, free)]
+    return partial(check_detect_decode, shapes=dims, strides=strides, reg_max=reg_max)
 
 
 def _check_output_order(idx: GraphIndex, det: str, reach: set[int]) -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ..errors import SurgeryError, closest
 from ..graph.index import GraphIndex, constant_value
@@ -37,6 +38,7 @@ class Region:
     facts: Mapping[str, Any]
     cut: Any
     shape_subs: Mapping[int, str]  # Shape node position -> the cut input it reads instead
+    verify: Callable[[onnx.ModelProto], None] | None = None  # the preset's check of the extracted cut
 
 
 def _check_names(idx: GraphIndex, cut: str, role: str, names: Sequence[str] | None) -> tuple[str, ...]:
@@ -166,13 +168,13 @@ def region_for_cut(idx: GraphIndex, cut) -> Region:
             match = finder(idx)
         except SurgeryError as e:
             raise SurgeryError(f"cut '{cut.name}': {e}") from None
-        inputs, outputs, facts = match.inputs, match.outputs, dict(match.facts)
+        inputs, outputs, facts, verify = match.inputs, match.outputs, dict(match.facts), match.verify
     else:
-        inputs, outputs, facts = tuple(cut.inputs or ()), tuple(cut.outputs or ()), {}
+        inputs, outputs, facts, verify = tuple(cut.inputs or ()), tuple(cut.outputs or ()), {}, None
     nodes, subs = region_of(idx, cut.name, inputs, outputs)
     if subs:
         facts["shape_reads"] = {idx.ins(p)[0]: y for p, y in sorted(subs.items())}
-    return Region(cut.name, tuple(inputs), tuple(outputs), nodes, facts, cut, subs)
+    return Region(cut.name, tuple(inputs), tuple(outputs), nodes, facts, cut, subs, verify)
 
 
 def check_overlaps(idx: GraphIndex, regions: Sequence[Region]) -> None:

@@ -3,6 +3,8 @@ opsets 11/17/19, fixed batch. The site's inputs are checked against a numpy deco
 docs/semantics.md, i.e. exactly what the yolov8_decode kernel must compute from them."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from conftest_models import to_opset11
@@ -11,9 +13,11 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from deepjit_compiler.errors import SurgeryError
 from deepjit_compiler.graph.ort import ort_session
 from deepjit_compiler.model.synth import synthesize_yolov8
+from deepjit_compiler.precision.rewrite import apply_precision
 from deepjit_compiler.surgery.cut import plan_from_model
 from deepjit_compiler.surgery.plan import CutRequest, KernelRequest
 from deepjit_compiler.surgery.presets import yolov8_decode
+from deepjit_compiler.surgery.ultralytics import check_detect_decode
 from deepjit_compiler.validation.graph import check_reassembly
 
 IMGSZ = 320
@@ -330,3 +334,81 @@ def test_the_image_input_is_the_one_the_head_is_computed_from(first, dynamic):
     assert (facts["strides"], facts["input"]) == (STRIDES, "images")
     assert [(lv["stride"], lv["height"]) for lv in facts["levels"]] == (
         [(8, "height/8"), (16, "height/16"), (32, "height/32")] if dynamic else [(8, 40), (16, 20), (32, 10)])
+
+
+def _scale_initializers(m, wanted, factor: float, *, add: float = 0.0):  # each initializer `wanted(value)` picks
+    for t in m.graph.initializer:
+        v = numpy_helper.to_array(t)
+        if v.dtype == np.float32 and wanted(t.name, v):
+            t.CopyFrom(numpy_helper.from_array((v * factor + add).astype(np.float32), t.name))
+
+
+def _anchors_at_corners(m):  # x, y instead of x + 0.5, y + 0.5: baked anchors, or the Range's + 0.5
+    _scale_initializers(m, lambda name, v: name == "/model.22/anchors" or (v.size == 1 and v.item() == 0.5), 1.0,
+                        add=-0.5)
+
+
+def _strides_doubled(m):  # 16, 32, 64 where the maps are 8, 16, 32 pixels a cell
+    _scale_initializers(m, lambda name, v: name == "/model.22/strides" or (v.shape == (1, 1) and v.item() in STRIDES), 2)
+
+
+def _boxes_xyxy(m):  # dist2bbox(xywh=False): x1, y1, x2, y2 where the kernel writes cx, cy, w, h
+    cat = next(n for n in m.graph.node if n.op_type == "Concat" and n.input[1].startswith("/model.22/Sub_"))
+    div, wh = (next(n for n in m.graph.node if t in n.output) for t in cat.input)
+    centre_sum = next(n for n in m.graph.node if div.input[0] in n.output)
+    cat.input[:] = [wh.input[1], wh.input[0]]
+    for dead in (div, centre_sum, wh):
+        m.graph.node.remove(dead)
+
+
+def _scores_tempered(m):  # sigmoid(logits / 2)
+    sig = next(n for n in m.graph.node if n.name == "/model.22/Sigmoid")
+    m.graph.initializer.append(numpy_helper.from_array(np.array(2.0, np.float32), "temperature"))
+    m.graph.node.insert(list(m.graph.node).index(sig),
+                        helper.make_node("Div", [sig.input[0], "temperature"], ["tempered"], name="tempered"))
+    sig.input[0] = "tempered"
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("edit, rows", [
+    (_anchors_at_corners, {"cx", "cy"}),
+    (_strides_doubled, {"cx", "cy", "w", "h"}),
+    (_boxes_xyxy, {"cx", "cy", "w", "h"}),
+    (_scores_tempered, {f"class {k} score" for k in range(80)}),
+])
+def test_preset_refuses_a_decode_that_computes_other_boxes_or_scores(edit, rows, dynamic):
+    """The structure of each edit is ultralytics' (DFL, Sub/Add against anchors, stride Mul, Sigmoid), and
+    ONNX Runtime runs it, but its output0 is not what the kernel computes: the cut's reference is run on
+    seeded head maps against ultralytics' decode, so a build without a GPU (which never runs the kernel)
+    refuses it too, naming a value that differs."""
+    model = synth(dynamic=dynamic)
+    edit(model)
+    x = np.random.default_rng(6).random((1, 3, IMGSZ, IMGSZ), dtype=np.float32)
+    before = ort_session(synth(dynamic=dynamic)).run(None, {"images": x})[0]
+    after = ort_session(model).run(None, {"images": x})[0]
+    assert after.shape == before.shape and not np.allclose(after, before, atol=0.01)  # runs, decodes otherwise
+    with pytest.raises(SurgeryError) as e:
+        decode_plan(model)
+    msg = str(e.value)
+    assert msg.startswith("cut 'decode': preset 'yolov8_decode': the cut computes another decode than "
+                          "ultralytics' (DFL expectation, dist2bbox against the cell centres x + 0.5, y + 0.5, "
+                          "times strides [8, 16, 32], sigmoid scores)"), msg
+    found = re.search(r"its (.+) at anchor (\d+) of image ([01]) is (\S+), ultralytics' (\S+)\. ", msg)
+    assert found and found[1] in rows, msg
+    if edit is _anchors_at_corners:  # half a cell of the anchor's level, toward the origin
+        ends = np.cumsum([76 * 72, 38 * 36] if dynamic else [40 * 40, 20 * 20])  # at the first shape probe
+        stride = STRIDES[int(np.searchsorted(ends, int(found[2]), side="right"))]
+        assert float(found[4]) - float(found[5]) == pytest.approx(-0.5 * stride, abs=0.01)
+
+
+def test_the_decode_check_takes_the_rounding_of_an_fp16_decode():
+    """An fp16 decode (boxes rounded to ~0.06 of a cell, scores to ~1e-3) is ultralytics' decode: the check's
+    tolerance is in cells of each level, and half a cell (the corner anchors above) stays beyond it."""
+    site = decode_plan(synth()).step("decode")
+    fp16 = apply_precision(site.reference, "fp16")
+    assert {i.type.tensor_type.elem_type for i in fp16.graph.input} == {TensorProto.FLOAT}  # the rewrite is inside
+    assert any(t.type.tensor_type.elem_type == TensorProto.FLOAT16 for t in fp16.graph.value_info)
+    shapes = [(2, 64 if k % 2 == 0 else 80, IMGSZ // s, IMGSZ // s) for s in STRIDES for k in range(2)]
+    check_detect_decode(fp16, shapes, STRIDES, 16)
+    with pytest.raises(SurgeryError, match="the cut computes another decode"):
+        check_detect_decode(fp16, shapes, [s * 1.0625 for s in STRIDES], 16)
