@@ -2,7 +2,7 @@
 manifests), and the value infos of an ONNX graph they come from."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,3 +69,15 @@ def is_complete(vi: onnx.ValueInfoProto | None) -> bool:
     if vi is None or sig_from_value_info(vi) is None:
         return False
     return all(d.HasField("dim_value") or d.dim_param for d in vi.type.tensor_type.shape.dim)
+
+
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """The graph and, depth first, every subgraph of its If/Loop/Scan nodes."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from all_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from all_graphs(g)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -21,7 +20,7 @@ from onnx import parser as onnx_parser
 from onnx.external_data_helper import ExternalDataInfo, load_external_data_for_model, uses_external_data
 
 from ..errors import ModelError
-from ..graph.tensors import TensorSig
+from ..graph.tensors import TensorSig, all_graphs
 
 # onnx.load reads a .json, .textproto or .onnxtxt file as that format, whose parsers raise these.
 _TEXT_ERRORS = (json_format.ParseError, text_format.ParseError, onnx_parser.ParseError)
@@ -82,7 +81,7 @@ def external_data(model: onnx.ModelProto, path: Path) -> tuple[str, ...]:
     """The external data files `model` (read from `path`, without its data) names, relative to its
     folder, sorted; ModelError for a location outside that folder or a file that is missing."""
     locations = set()
-    for g in _graphs(model.graph):
+    for g in all_graphs(model.graph):
         tensors = [*g.initializer, *(a.t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)]
         locations.update(ExternalDataInfo(t).location for t in tensors if uses_external_data(t))
     for loc in sorted(locations):
@@ -133,7 +132,7 @@ def describe_model(model: onnx.ModelProto | str | os.PathLike) -> ModelInfo:
         path, model = str(model), load_model(model)
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
-    graphs = list(_graphs(graph))
+    graphs = list(all_graphs(graph))
     ops = Counter(n.op_type for g in graphs for n in g.node)
     opsets = tuple(sorted((o.domain, o.version) for o in model.opset_import))
     default = [v for d, v in opsets if d in ("", "ai.onnx")]
@@ -151,18 +150,6 @@ def describe_model(model: onnx.ModelProto | str | os.PathLike) -> ModelInfo:
         node_count=sum(len(g.node) for g in graphs),
         metadata=tuple((p.key, p.value) for p in model.metadata_props),
     )
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """The graph and, depth first, every subgraph of its If/Loop/Scan nodes."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
 
 
 def _numel(dims) -> int:

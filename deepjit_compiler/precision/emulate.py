@@ -116,17 +116,24 @@ def _as_input(value: np.ndarray, ort_type: str) -> np.ndarray:
 def emulate_in_fp32(model: onnx.ModelProto) -> onnx.ModelProto:
     """An fp32 twin of `model` that ONNX Runtime's CPU provider runs: every fp16/bf16 tensor becomes
     fp32 rounded through its low type (Cast to it and back) where the model produces it, low
-    weights become their exact fp32 values, low graph inputs/outputs become fp32."""
+    weights become their exact fp32 values, low graph inputs/outputs become fp32. If/Loop/Scan bodies
+    alike."""
     inferred = onnx.shape_inference.infer_shapes(model)
-    g = inferred.graph
+    return helper.make_model(_emulate_graph(inferred.graph, {}), opset_imports=list(inferred.opset_import),
+                             ir_version=inferred.ir_version)
+
+
+def _emulate_graph(g: onnx.GraphProto, outer: Mapping[str, str]) -> onnx.GraphProto:
+    """`g`'s twin; `outer` renames the enclosing graphs' rounded inputs, which a body may read."""
     low = {vi.name: vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *g.value_info)
            if vi.type.tensor_type.elem_type in LOW}
     low.update({t.name: t.data_type for t in g.initializer if t.data_type in LOW})
     low.update({n.output[0]: a.i for n in g.node if n.op_type == "Cast" for a in n.attribute
                 if a.name == "to" and a.i in LOW})  # even where shape inference gave up
     nodes: list[onnx.NodeProto] = []
-    renamed: dict[str, str] = {}
+    renamed = dict(outer)
     for vi in g.input:
+        renamed.pop(vi.name, None)  # a body's own input hides an outer tensor of its name
         if vi.name in low:
             nodes += _round_trip(vi.name, vi.name + "__rt", low[vi.name])
             renamed[vi.name] = vi.name + "__rt"
@@ -140,15 +147,19 @@ def emulate_in_fp32(model: onnx.ModelProto) -> onnx.ModelProto:
                 attr.i = TensorProto.FLOAT
             elif node.op_type == "Cast" and attr.name == "to" and attr.i in LOW:
                 attr.i = TensorProto.FLOAT  # the round trip right after does the rounding
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                attr.g.CopyFrom(_emulate_graph(attr.g, renamed))
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for body in attr.graphs:
+                    body.CopyFrom(_emulate_graph(body, renamed))
         tails = []
         for k, out in enumerate(node.output):
             if out in low:
                 node.output[k] = out + "__raw"
                 tails += _round_trip(out + "__raw", out, low[out])
         nodes += [node, *tails]
-    g2 = helper.make_graph(nodes, g.name, [_fp32_vi(vi) for vi in g.input], [_fp32_vi(vi) for vi in g.output],
-                           [_as_fp32(t) if t.data_type in LOW else t for t in g.initializer])
-    return helper.make_model(g2, opset_imports=list(inferred.opset_import), ir_version=inferred.ir_version)
+    return helper.make_graph(nodes, g.name, [_fp32_vi(vi) for vi in g.input], [_fp32_vi(vi) for vi in g.output],
+                             [_as_fp32(t) if t.data_type in LOW else t for t in g.initializer])
 
 
 def _round_trip(src: str, dst: str, low_type: int) -> list[onnx.NodeProto]:

@@ -41,6 +41,7 @@ from onnxruntime.transformers.float16 import (
 )
 
 from ..errors import ModelError, SpecError, closest
+from ..graph.tensors import all_graphs
 from ..spec.models import PRECISIONS, calibration_problem
 from . import calibration as cal
 
@@ -128,8 +129,23 @@ def check_keep_fp32(models: Sequence[onnx.ModelProto], keep_fp32: Sequence[str])
 
 def _to_float16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:
     # op_block_list replaces ORT's default list, so extend it rather than pass ours alone.
-    return convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(set(DEFAULT_OP_BLOCK_LIST) | ops),
-                                    node_block_list=sorted(nodes))
+    out = convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(set(DEFAULT_OP_BLOCK_LIST) | ops),
+                                   node_block_list=sorted(nodes))
+    _casts_into_bodies(out)
+    return out
+
+
+def _casts_into_bodies(model: onnx.ModelProto) -> None:
+    """ORT's fp16 pass puts the Casts around a blocked node of an If/Loop/Scan body in the main graph,
+    where the body's tensors they read do not exist (an invalid model): move each such Cast into the
+    body that makes its input (`_fold_round_trips` sorts the bodies after). Casts of main-graph tensors
+    stay: a body may read them from there."""
+    top = model.graph
+    known = {*(i.name for i in top.input), *(t.name for t in top.initializer), *(o for n in top.node for o in n.output)}
+    makers = {o: g for g in list(all_graphs(top))[1:] for n in g.node for o in n.output}
+    for cast in [n for n in top.node if n.op_type == "Cast" and n.input[0] not in known and n.input[0] in makers]:
+        top.node.remove(cast)
+        makers[cast.input[0]].node.append(cast)
 
 
 def _to_bfloat16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:
@@ -141,14 +157,16 @@ def _to_bfloat16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx
             raise ModelError(f"segment '{model.graph.name}': bf16 needs ONNX opset {BF16_OPSET} (Conv takes "
                              f"bfloat16 from there); upgrading the segment from opset {opset} failed: {e}") from None
     opset = max(opset, BF16_OPSET)
-    no_bf16 = {n.op_type for n in model.graph.node if not _has_bf16(n.op_type, opset, n.domain)}
+    graphs = list(all_graphs(model.graph))  # If/Loop bodies too: the fp16 pass converts them
+    no_bf16 = {n.op_type for g in graphs for n in g.node if not _has_bf16(n.op_type, opset, n.domain)}
     # fp32 originals by initializer name, and Constant values by node name: bf16 keeps fp32's
     # range, so weights are rounded from these rather than from their fp16 (range-clamped) copies.
-    originals = {t.name: t for t in model.graph.initializer}
-    originals.update({n.name: a.t for n in model.graph.node for a in n.attribute
+    originals = {t.name: t for g in graphs for t in g.initializer}
+    originals.update({n.name: a.t for g in graphs for n in g.node for a in n.attribute
                       if a.type == onnx.AttributeProto.TENSOR})
     fp16 = _to_float16(model, ops | no_bf16, nodes)
-    _retype_graph(fp16.graph, originals)
+    for g in all_graphs(fp16.graph):
+        _retype_graph(g, originals)
     return fp16
 
 
@@ -164,7 +182,8 @@ def _has_bf16(op_type: str, opset: int, domain: str) -> bool:
 
 
 def _retype_graph(graph: onnx.GraphProto, originals: Mapping[str, onnx.TensorProto]) -> None:
-    """float16 -> bfloat16 everywhere in the graph the fp16 pass put it; weights re-rounded from fp32."""
+    """float16 -> bfloat16 everywhere in the graph (not its subgraphs) the fp16 pass put it; weights
+    re-rounded from fp32."""
     for vi in (*graph.input, *graph.output, *graph.value_info):
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
             vi.type.tensor_type.elem_type = TensorProto.BFLOAT16
@@ -177,11 +196,6 @@ def _retype_graph(graph: onnx.GraphProto, originals: Mapping[str, onnx.TensorPro
                 attr.i = TensorProto.BFLOAT16
             elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == TensorProto.FLOAT16:
                 attr.t.CopyFrom(_as_bf16(attr.t, originals.get(node.name)))
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                _retype_graph(attr.g, originals)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    _retype_graph(g, originals)
 
 
 def _as_bf16(t: onnx.TensorProto, original: onnx.TensorProto | None) -> onnx.TensorProto:

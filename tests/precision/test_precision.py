@@ -282,6 +282,45 @@ def test_bf16_keeps_ops_without_a_bf16_schema_in_fp32():
     assert types[node(mb, "conv").output[0]] == types[node(mb, "relu").output[0]] == BF16
 
 
+def if_model(seed: int) -> onnx.ModelProto:
+    """Conv, then an If whose branches read the Conv's output from the main graph and pass it through an
+    op that takes no float16 (Max, in ORT's fp16 block list) or, at opset 22, no bfloat16 (Einsum)."""
+    w = np.random.default_rng(seed).standard_normal((4, 4, 1, 1)).astype(np.float32)
+
+    def branch(name: str, op: onnx.NodeProto) -> onnx.GraphProto:
+        relu = helper.make_node("Relu", [op.output[0]], [f"{name}_y"], name=f"{name}_relu")
+        return helper.make_graph([op, relu], name, [], [helper.make_tensor_value_info(f"{name}_y", FLOAT, [1, 4, 4, 4])])
+
+    then = branch("then", helper.make_node("Max", ["c", "floor"], ["then_out"], name="then_max"))
+    other = branch("else", helper.make_node("Einsum", ["c"], ["else_out"], equation="nchw->ncwh", name="else_einsum"))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=then, else_branch=other)]
+    graph = helper.make_graph(nodes, "if_bodies", [helper.make_tensor_value_info("x", FLOAT, [1, 4, 4, 4]),
+                                                   helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 4, 4, 4])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(-0.25), "floor")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_ops_an_if_body_keeps_in_fp32_leave_a_valid_model(precision):
+    """ORT's fp16 pass put the Casts around a body's blocked op in the main graph, where the body's tensor
+    they read does not exist: the rewritten model failed ONNX's checker. They go into the body; both
+    branches compute the fp32 model's result within the low type's rounding."""
+    model = if_model(seed=16)
+    low = apply_precision(model, precision)
+    onnx.checker.check_model(low, full_check=True)
+    x = np.random.default_rng(17).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
+    fp32 = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    run = ort.InferenceSession((low if precision == "fp16" else emulate_in_fp32(low)).SerializeToString(),
+                               providers=["CPUExecutionProvider"])
+    for cond in (True, False):
+        feed = {"x": x, "cond": np.array(cond)}
+        expected = fp32.run(None, feed)[0]
+        assert expected.std() > 0.1
+        np.testing.assert_allclose(run.run(None, feed)[0], expected, rtol=2 ** -7, atol=2 ** -7)
+
+
 def test_bf16_constants_are_rounded_from_fp32_and_dtype_attributes_retyped():
     """A Constant of 70000 (past fp16's 65504, which the fp16 pass clamps to) is bf16's 70144, and an
     EyeLike made in float16 by the fp16 pass makes bfloat16; the emulated graph computes with them."""
