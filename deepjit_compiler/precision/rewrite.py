@@ -102,7 +102,7 @@ def apply_precision(model: onnx.ModelProto, precision: str, *, keep_fp32: Sequen
 def resolve_keep_fp32(model: onnx.ModelProto, keep_fp32: Sequence[str]) -> tuple[set[str], set[str]]:
     """(op types, node names) that `keep_fp32` names in `model`. An entry is an op type when ONNX
     has an op of that name, else a node name or an fnmatch pattern over node names."""
-    ops, nodes, names = set(), set(), [n.name for n in model.graph.node]
+    ops, nodes, names = set(), set(), [n.name for g in all_graphs(model.graph) for n in g.node]
     for entry in keep_fp32:
         if onnx.defs.has(entry):
             ops.add(entry)
@@ -114,8 +114,8 @@ def resolve_keep_fp32(model: onnx.ModelProto, keep_fp32: Sequence[str]) -> tuple
 def check_keep_fp32(models: Sequence[onnx.ModelProto], keep_fp32: Sequence[str]) -> None:
     """SpecError for a user's keep_fp32 entry that names no op type and matches no node in any segment;
     a warning for an op type no segment has (it may be inside a cut: its kernel replaced it)."""
-    names = [n.name for m in models for n in m.graph.node]
-    ops = {n.op_type for m in models for n in m.graph.node}
+    nodes = [n for m in models for g in all_graphs(m.graph) for n in g.node]  # If/Loop bodies' too
+    names, ops = [n.name for n in nodes], {n.op_type for n in nodes}
     for i, entry in enumerate(keep_fp32):
         if not onnx.defs.has(entry) and not fnmatch.filter(names, entry):
             raise SpecError(f"engine.keep_fp32[{i}]: '{entry}' is neither an ONNX op type nor a node name "
@@ -139,13 +139,21 @@ def _casts_into_bodies(model: onnx.ModelProto) -> None:
     """ORT's fp16 pass puts the Casts around a blocked node of an If/Loop/Scan body in the main graph,
     where the body's tensors they read do not exist (an invalid model): move each such Cast into the
     body that makes its input (`_fold_round_trips` sorts the bodies after). Casts of main-graph tensors
-    stay: a body may read them from there."""
+    stay: a body may read them from there. (A body's tensor name is never a main-graph one: ONNX
+    forbids a body to shadow an outer name.)"""
     top = model.graph
-    known = {*(i.name for i in top.input), *(t.name for t in top.initializer), *(o for n in top.node for o in n.output)}
     makers = {o: g for g in list(all_graphs(top))[1:] for n in g.node for o in n.output}
-    for cast in [n for n in top.node if n.op_type == "Cast" and n.input[0] not in known and n.input[0] in makers]:
-        top.node.remove(cast)
-        makers[cast.input[0]].node.append(cast)
+    moving = True
+    while moving:  # a Cast may read another's output (fp16 -> fp32 -> fp16 around two blocked nodes)
+        moving = [n for n in top.node if n.op_type == "Cast" and n.input[0] in makers]
+        for cast in moving:
+            top.node.remove(cast)
+            body = makers[cast.input[0]]
+            body.node.append(cast)
+            makers[cast.output[0]] = body
+            for vi in [vi for vi in top.value_info if vi.name == cast.output[0]]:  # else gs sees two tensors
+                top.value_info.remove(vi)
+                body.value_info.append(vi)
 
 
 def _to_bfloat16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:

@@ -321,6 +321,23 @@ def test_ops_an_if_body_keeps_in_fp32_leave_a_valid_model(precision):
         np.testing.assert_allclose(run.run(None, feed)[0], expected, rtol=2 ** -7, atol=2 ** -7)
 
 
+def test_keep_fp32_names_a_node_of_an_if_body():
+    """A body's node is the user's to keep in fp32 by name (ORT's fp16 pass blocks body nodes by name too):
+    it is not refused as a name no segment has, and its output stays float32 while the Conv's is float16."""
+    model = if_model(seed=18)
+    check_keep_fp32([model], ["then_relu"])
+    low = apply_precision(model, "fp16", keep_fp32=["then_relu"])
+    onnx.checker.check_model(low, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(low)
+    body = next(a.g for a in node(inferred, "if").attribute if a.name == "then_branch")
+    body_types = {vi.name: vi.type.tensor_type.elem_type for vi in (*body.value_info, *body.output)}
+    relu = next(n for n in body.node if n.name == "then_relu")
+    assert body_types[relu.input[0]] == body_types[relu.output[0]] == FLOAT
+    assert tensor_types(inferred)[node(low, "conv").output[0]] == F16
+    with pytest.raises(SpecError, match="'then_rely' is neither an ONNX op type nor a node name"):
+        check_keep_fp32([model], ["then_rely"])
+
+
 def test_bf16_constants_are_rounded_from_fp32_and_dtype_attributes_retyped():
     """A Constant of 70000 (past fp16's 65504, which the fp16 pass clamps to) is bf16's 70144, and an
     EyeLike made in float16 by the fp16 pass makes bfloat16; the emulated graph computes with them."""
