@@ -107,19 +107,40 @@ class Profile(_Model):
 
 
 class InputSpec(_Model):
-    shape: list[Union[int, str]] = Field(description="dims; strings are symbolic (e.g. batch)")
+    shape: list[Union[int, str]] = Field(min_length=1, description="dims, the batch first; strings are symbolic "
+                                         "(e.g. batch)")
     dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
     profile: Profile | None = None
     buckets: list[int] | None = Field(None, min_length=1, description="batch sizes to capture CUDA graphs for")
 
     @model_validator(mode="after")
     def _check_profile(self) -> "InputSpec":
-        symbolic = [d for d in self.shape if isinstance(d, str)]
         if self.profile is None:
-            if symbolic:
-                raise ValueError(f"shape has symbolic dims {symbolic}: give profile min/opt/max")
-            return self
-        p, rank = self.profile, len(self.shape)
+            self._check_static_dims()
+        else:
+            self._check_profile_dims(self.profile)
+        # A static shape is its own min, opt and max: the size and bucket bounds hold for it too.
+        what = "profile.max" if self.profile else "shape"
+        nbytes = math.prod(self.max_shape) * np.dtype(self.dtype if self.dtype != "bfloat16" else "float16").itemsize
+        if nbytes > MAX_DEVICE_BYTES:
+            raise ValueError(f"{what} {list(self.max_shape)} of {self.dtype} is {nbytes} bytes a batch; at most "
+                             f"{MAX_DEVICE_BYTES} (1 TiB, more than any GPU holds)")
+        lo, hi = self.min_shape[0], self.max_shape[0]
+        bad = [b for b in self.buckets or () if not lo <= b <= hi]
+        if bad:
+            raise ValueError(f"buckets {bad} lie outside the {what.split('.')[0]}'s batch range {lo}..{hi}")
+        return self
+
+    def _check_static_dims(self) -> None:
+        symbolic = [d for d in self.shape if isinstance(d, str)]
+        if symbolic:
+            raise ValueError(f"shape has symbolic dims {symbolic}: give profile min/opt/max")
+        for i, dim in enumerate(self.shape):
+            if not 1 <= dim <= INT32_MAX:
+                raise ValueError(f"shape dim {i}: need 1 <= dim <= {INT32_MAX} (TensorRT's dims are int32), got {dim}")
+
+    def _check_profile_dims(self, p: Profile) -> None:
+        rank = len(self.shape)
         for key in ("min", "opt", "max"):
             if len(getattr(p, key)) != rank:
                 raise ValueError(f"profile.{key} has {len(getattr(p, key))} dims, shape has {rank}")
@@ -130,15 +151,6 @@ class InputSpec(_Model):
                                  f"int32), got {lo}, {mid}, {hi}")
             if isinstance(dim, int) and not (lo == mid == hi == dim):
                 raise ValueError(f"profile dim {i}: shape fixes it to {dim}, profile gives {lo}/{mid}/{hi}")
-        nbytes = math.prod(p.max) * np.dtype(self.dtype if self.dtype != "bfloat16" else "float16").itemsize
-        if nbytes > MAX_DEVICE_BYTES:
-            raise ValueError(f"profile.max {p.max} of {self.dtype} is {nbytes} bytes a batch; at most "
-                             f"{MAX_DEVICE_BYTES} (1 TiB, more than any GPU holds)")
-        if self.buckets is not None:
-            bad = [b for b in self.buckets if not p.min[0] <= b <= p.max[0]]
-            if bad:
-                raise ValueError(f"buckets {bad} lie outside the profile's batch range {p.min[0]}..{p.max[0]}")
-        return self
 
     @property
     def min_shape(self) -> tuple[int, ...]:

@@ -153,6 +153,35 @@ def test_symbolic_shape_needs_profile(write_spec):
     assert "symbolic dims ['batch']" in msg
 
 
+def _static(shape: str, buckets: str = "") -> dict[str, str]:
+    """The T4 spec's input given as a static shape: no profile, and `buckets` in place of its buckets line."""
+    text = (PIPELINES / "yolov8_t4.yaml").read_text()
+    profile = text[text.index("    profile:"):text.index("    buckets:")]
+    return {profile: "", "    buckets: [1, 2, 4, 8]": buckets, "shape: [batch, 3, 640, 640]": f"shape: {shape}"}
+
+
+@pytest.mark.parametrize("shape, buckets, message", [
+    ("[1, 3, 0, 640]", "", "inputs.images: shape dim 2: need 1 <= dim <= 2147483647 (TensorRT's dims are int32), got 0"),
+    ("[0, 3, 640, 640]", "", "inputs.images: shape dim 0: need 1 <= dim <= 2147483647"),
+    ("[1, 3, -640, 640]", "", "shape dim 2: need 1 <= dim <= 2147483647 (TensorRT's dims are int32), got -640"),
+    ("[1, 3, 2147483648, 1]", "", "shape dim 2: need 1 <= dim <= 2147483647"),
+    ("[100000000, 3, 640, 640]", "",
+     "inputs.images: shape [100000000, 3, 640, 640] of float32 is 491520000000000 bytes a batch; at most 1099511627776"),
+    ("[]", "", "inputs.images.shape: List should have at least 1 item"),
+    ("[2, 3, 640, 640]", "    buckets: [1, 2, 8]", "buckets [1, 8] lie outside the shape's batch range 2..2"),
+])
+def test_a_static_shape_is_held_to_the_bounds_of_a_profile(write_spec, shape, buckets, message):
+    """Without a profile a shape is its own min, opt and max: a dim of 0, a 1 PB batch, no batch dim at
+    all or buckets past its batch loaded (exit 0) and failed later, in the build or the runtime."""
+    assert message in _error(write_spec, _static(shape, buckets))
+
+
+def test_a_static_shape_within_the_bounds_loads_with_its_batch_as_its_bucket(write_spec):
+    images = load_spec(write_spec(_static("[2, 3, 640, 640]", "    buckets: [2]"))).spec.inputs["images"]
+    assert (images.min_shape, images.max_shape, images.batch_buckets) == ((2, 3, 640, 640),) * 2 + ((2,),)
+    assert load_spec(write_spec(_static("[3, 3, 640, 640]"), name="b.yaml")).spec.inputs["images"].batch_buckets == (3,)
+
+
 def test_missing_spec_file_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="spec file not found"):
         load_spec(tmp_path / "nope.yaml")
