@@ -192,7 +192,8 @@ class Engine(_Model):
         "compute capability, else a deferred TensorRT plan; or tensorrt, tensorrt-rtx, onnxruntime"))
     precision: Literal[PRECISIONS] = "fp32"  # type: ignore[valid-type]
     keep_fp32: list[str] | None = Field(None, description="op types or node names kept in fp32; default: DFL Softmax and friends")
-    workspace: int = Field(2**30, gt=0, description="TensorRT workspace pool, e.g. 2GiB")
+    workspace: int = Field(2**30, gt=0, le=MAX_DEVICE_BYTES, description="TensorRT workspace pool, e.g. 2GiB; at "
+                           "most 1 TiB")
     timing_cache: SpecPath | None = Field(None, description="TensorRT's timing cache (TensorRT-RTX times nothing "
                                                             "at build: it keeps a runtime cache where it runs)")
     optimization_level: int = Field(3, ge=0, le=5)

@@ -182,6 +182,27 @@ def test_a_static_shape_within_the_bounds_loads_with_its_batch_as_its_bucket(wri
     assert load_spec(write_spec(_static("[3, 3, 640, 640]"), name="b.yaml")).spec.inputs["images"].batch_buckets == (3,)
 
 
+@pytest.mark.parametrize("given, size", [
+    ("512MiB", 512 * 1024 * 1024), ("1.5GiB", 3 * 2**29), ("2 KiB", 2048), ("3GB", 3_000_000_000), ("64MB", 64_000_000),
+    ("10KB", 10_000), ("4096B", 4096), ("12345", 12345), ("0.25 GB", 250_000_000),
+])
+def test_workspace_sizes_in_binary_and_decimal_units(write_spec, given, size):
+    assert load_spec(write_spec({"workspace: 2GiB": f"workspace: {given}"})).spec.engine.workspace == size
+
+
+@pytest.mark.parametrize("given, message", [
+    ("true", "engine.workspace: expected a size such as 2GiB, 512MiB or a number of bytes, got True"),
+    ("2 GiBs", "engine.workspace: expected a size such as 2GiB, 512MiB or a number of bytes, got '2 GiBs'"),
+    ("0", "engine.workspace: Input should be greater than 0, got 0"),
+    ("0.5B", "engine.workspace: Input should be greater than 0, got 0"),
+    ("1025GiB", "engine.workspace: Input should be less than or equal to 1099511627776, got 1100585369600"),
+    ("99999999999999999999999", "engine.workspace: Input should be less than or equal to 1099511627776"),
+])
+def test_a_workspace_that_is_no_size_or_past_1_tib_is_refused(write_spec, given, message):
+    """A workspace of 10**23 bytes loaded and reached TensorRT's size_t pool limit at build time."""
+    assert message in _error(write_spec, {"workspace: 2GiB": f"workspace: {given}"})
+
+
 def test_missing_spec_file_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="spec file not found"):
         load_spec(tmp_path / "nope.yaml")
