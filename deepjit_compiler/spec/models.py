@@ -450,18 +450,22 @@ class Spec(_Model):
                              "support: use backend auto (a deferred TensorRT plan) or tensorrt")
         return engine
 
-    @model_validator(mode="after")
-    def _unique_cut_names(self) -> "Spec":
-        names = [c.name for c in self.cuts]
+    @field_validator("engine")
+    @classmethod
+    def _precision_on_target(cls, engine: Engine, info: ValidationInfo) -> Engine:
+        target = info.data.get("target")
+        need = PRECISION_MIN_SM.get(engine.precision, 0)
+        if target is not None and target.resolved_sm < need:
+            name = f"{target.gpu} " if target.gpu else ""
+            raise ValueError(f"precision {engine.precision} needs sm_{need} or newer, but the target {name}is "
+                             f"sm_{target.resolved_sm} and has no {engine.precision}: use fp16 (or int8)")
+        return engine
+
+    @field_validator("cuts")
+    @classmethod
+    def _unique_cut_names(cls, cuts: list[Cut]) -> list[Cut]:
+        names = [c.name for c in cuts]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"cut names must be unique, repeated: {dupes}")
-        return self
-
-    @model_validator(mode="after")
-    def _precision_on_target(self) -> "Spec":
-        precision, sm = self.engine.precision, self.target.resolved_sm
-        if sm < PRECISION_MIN_SM.get(precision, 0):
-            raise ValueError(f"engine.precision: {precision} needs sm_{PRECISION_MIN_SM[precision]} or newer, but the "
-                             f"target {self.target.gpu or ''} is sm_{sm} and has no {precision}: use fp16 (or int8)")
-        return self
+        return cuts

@@ -109,10 +109,21 @@ def test_int8_without_calibration_is_refused(write_spec):
 
 
 def test_bf16_for_a_target_without_it_is_refused(write_spec):
+    """The error is at the spec's `engine:` line; an sm_80 target (A100) is the first with bf16."""
     msg = _error(write_spec, {"precision: fp16": "precision: bf16"})  # the T4 is sm_75
-    assert "engine.precision: bf16 needs sm_80 or newer, but the target T4 is sm_75" in msg
-    assert load_spec(write_spec({"precision: fp16": "precision: bf16", "  gpu: T4 ": "  gpu: A10 "},
-                                name="a10.yaml")).spec.engine.precision == "bf16"
+    line = _line_of((PIPELINES / "yolov8_t4.yaml").read_text(), "engine:")
+    assert f":{line}:1: engine: precision bf16 needs sm_80 or newer, but the target T4 is sm_75" in msg, msg
+    msg = _error(write_spec, {"precision: fp16": "precision: bf16", "  gpu: T4 ": "  sm: 75\n  #"})
+    assert "precision bf16 needs sm_80 or newer, but the target is sm_75 and has no bf16" in msg, msg
+    for gpu in ("A10", "A100"):
+        assert load_spec(write_spec({"precision: fp16": "precision: bf16", "  gpu: T4 ": f"  gpu: {gpu} "},
+                                    name=f"{gpu}.yaml")).spec.engine.precision == "bf16"
+
+
+def test_repeated_cut_names_are_named_at_the_cuts_line(write_spec):
+    msg = _error(write_spec, {"  - name: nms": "  - name: decode"})
+    line = _line_of((PIPELINES / "yolov8_t4.yaml").read_text(), "cuts:")
+    assert f":{line}:1: cuts: cut names must be unique, repeated: ['decode']" in msg, msg
 
 
 def test_tolerances_given_keep_the_defaults_of_the_fields_they_leave_out(write_spec):
