@@ -7,7 +7,7 @@ from conftest import PIPELINES
 from deepjit_compiler.errors import SpecError
 from deepjit_compiler.spec.load import json_schema, load_spec
 from deepjit_compiler.spec.models import EXACT_TOLERANCES, LOSSY_TOLERANCES
-from deepjit_compiler.spec.targets import sm_for_gpu
+from deepjit_compiler.spec.targets import compute_capability, sm_for_gpu
 
 
 @pytest.mark.parametrize("name,sm", [("yolov8_t4.yaml", 75), ("yolov8_h200.yaml", 90)])
@@ -214,6 +214,73 @@ def test_a_workspace_that_is_no_size_or_past_1_tib_is_refused(write_spec, given,
     assert message in _error(write_spec, {"workspace: 2GiB": f"workspace: {given}"})
 
 
+CALIBRATION = "  optimization_level: 3\n  calibration: {data: random, cache: cal, samples: 0}"
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("target:\n  gpu: T4", "target: {}\n  #", "target: give `gpu` (e.g. T4), `sm` (e.g. 75) or both"),
+    ("opt: [4, 3, 640, 640]", "opt: [4, 3, 640]", "inputs.images: profile.opt has 3 dims, shape has 4"),
+    ("min: [1, 3, 640, 640]", "min: [0, 3, 640, 640]", "profile dim 0: need 1 <= min <= opt <= max"),
+    ("opt: [4, 3, 640, 640]", "opt: [9, 3, 640, 640]", "need 1 <= min <= opt <= max <= 2147483647 (TensorRT's dims "
+                                                         "are int32), got 1, 9, 8"),
+    ("min: [1, 3, 640, 640]", "min: [2, 3, 640, 640]", "buckets [1] lie outside the profile's batch range 2..8"),
+    ("inputs:\n  images:", "inputs: {}\nmore:\n  images:", "inputs: Dictionary should have at least 1 item"),
+    ("optimization_level: 3", "optimization_level: 6", "engine.optimization_level: Input should be less than or "
+                                                       "equal to 5, got 6"),
+    ("  optimization_level: 3", CALIBRATION, "engine.calibration.samples: Input should be greater than or equal to 1"),
+    ("    preset: yolov8_decode", "    inputs: [a]", "cuts[0]: a cut by tensor names needs both `inputs` and `outputs`"),
+    ("    at: output0\n", "", "cuts[1]: an added stage needs both `add` (before|after) and `at` (a model tensor)"),
+    ("ranges: {images: [0.0, 1.0]}", "ranges: {images: [1.0, 1.0]}", "images: [1.0, 1.0]: a range is [low, high]"),
+    ("    random:\n", "    folder: photos\n    random:\n", "validation.data: give exactly one of `random` or `folder`"),
+    ("  samples: 2", "  samples: 0", "validation.samples: Input should be greater than or equal to 1, got 0"),
+    ("file://../build/store", "oci://me:secret@registry.example:5000/repo",
+     "publish.store: credentials in a store URL are refused: the spec travels inside every bundle"),
+    ("tag: yolov8s-t4", "tag: .hidden", "publish.tag: should be 1 to 128 letters, digits, '_', '.' and '-', not "
+                                        "starting with '.' or '-', got '.hidden'"),
+    ("output0: {atol: 2.0e-2", "output0: {atl: 2.0e-2",
+     "validation.tolerances.outputs.output0.atl: unknown key 'atl' (did you mean 'atol'?); allowed: atol, rtol, "
+     "check_error_stat"),
+])
+def test_each_field_out_of_bounds_names_itself_and_what_is_allowed(write_spec, old, new, message):
+    assert message in _error(write_spec, {old: new})
+
+
+def test_a_bfloat16_batch_is_sized_at_two_bytes_a_value(write_spec):
+    """100000 x 3 x 2048 x 1024 bfloat16 values are 1.26e12 bytes: past 1 TiB, though their count is not."""
+    msg = _error(write_spec, {"dtype: float32": "dtype: bfloat16", "max: [8, 3, 640, 640]": "max: [100000, 3, 2048, 1024]",
+                              "shape: [batch, 3, 640, 640]": "shape: [batch, 3, 2048, 1024]",
+                              "min: [1, 3, 640, 640]": "min: [1, 3, 2048, 1024]",
+                              "opt: [4, 3, 640, 640]": "opt: [4, 3, 2048, 1024]"})
+    assert "profile.max [100000, 3, 2048, 1024] of bfloat16 is 1258291200000 bytes a batch" in msg, msg
+
+
+@pytest.mark.parametrize("option", ["--include-path=/etc", " -I/etc", "-include=x.h", "--pre-include=x.h",
+                                    "-pch", "--dependency", "--time=t.csv", " -arch=sm_90"])
+def test_every_compile_option_that_reads_or_writes_files_or_picks_the_target_is_refused(write_spec, option):
+    msg = _error(write_spec, {"  fast_math: false ": f"  options: ['{option}']\n  fast_math: false "})
+    assert f"compile.options: {option!r}: " in msg, msg
+
+
+def test_a_file_store_resolves_against_the_specs_folder_and_an_oci_one_stays(write_spec, tmp_path):
+    assert load_spec(write_spec()).spec.publish.store == f"file://{(tmp_path.parent / 'build' / 'store').resolve()}"
+    oci = "oci://registry.example:5000/team/repo"
+    assert load_spec(write_spec({"file://../build/store": oci}, name="oci.yaml")).spec.publish.store == oci
+
+
+def test_a_spec_loaded_by_a_relative_path_knows_its_absolute_folder(write_spec, tmp_path, monkeypatch):
+    write_spec(name="here.yaml")
+    monkeypatch.chdir(tmp_path)
+    loaded = load_spec("here.yaml")
+    assert loaded.path == tmp_path / "here.yaml" and loaded.folder == tmp_path
+
+
+def test_buckets_are_sorted_without_repeats_and_default_to_powers_of_two_up_to_8_plus_the_max(write_spec):
+    assert load_spec(write_spec({"buckets: [1, 2, 4, 8]": "buckets: [8, 2, 2, 1]"})).spec.inputs[
+        "images"].batch_buckets == (1, 2, 8)
+    path = write_spec({"    buckets: [1, 2, 4, 8]": "", "max: [8, 3, 640, 640]": "max: [16, 3, 640, 640]"}, name="b.yaml")
+    assert load_spec(path).spec.inputs["images"].batch_buckets == (1, 2, 4, 8, 16)
+
+
 def test_missing_spec_file_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="spec file not found"):
         load_spec(tmp_path / "nope.yaml")
@@ -227,6 +294,12 @@ def test_default_buckets_are_1_2_4_8_within_the_profile_plus_its_max(write_spec)
 
 def test_gpu_names_map_to_their_sm():
     assert [sm_for_gpu(n) for n in ("T4", "a10", "L4", "H100", "h200")] == [75, 86, 89, 90, 90]
+    assert [sm_for_gpu(n) for n in ("Jetson Orin", "RTX-4090", "rtx 6000 ada", "a10g")] == [87, 89, 89, 86]
+
+
+def test_compute_capabilities_are_written_major_dot_minor():
+    assert [compute_capability(sm) for sm in (75, 80, 90, 100, 120, 121)] == ["7.5", "8.0", "9.0", "10.0", "12.0",
+                                                                               "12.1"]
 
 
 def test_json_schema_describes_the_spec():
