@@ -25,6 +25,51 @@ def test_an_alias_bomb_in_a_typed_field_is_refused_at_once(write_spec):
     assert time.perf_counter() - start < 1.0
 
 
+def test_an_alias_bomb_as_a_mapping_key_is_refused_before_it_is_built():
+    """Keys are counted like values: two aliases of 9**5 scalars as one key, not built into a list first."""
+    bomb_key = "".join(BOMB.splitlines(keepends=True)[:5]) + "? [*e, *e]\n: 1\n"
+    with pytest.raises(SpecError, match=r"x.yaml:6:3: expands to more than 100000 nodes"):
+        load_yaml(bomb_key, "x.yaml", SpecError)
+
+
+@pytest.mark.parametrize("copies, refused", [(98, False), (100, True)])
+def test_the_node_bound_is_100000_nodes_with_aliases_expanded(copies, refused):
+    """A 1000-node list and a list of `copies` aliases of it: 99,004 nodes in all pass; the list of 100 is
+    100,001 nodes on its own."""
+    text = "a: &a [" + ", ".join(["x"] * 999) + "]\nb: [" + ", ".join(["*a"] * copies) + "]\n"
+    if refused:
+        with pytest.raises(SpecError, match=r"x.yaml:2:4: expands to more than 100000 nodes"):
+            load_yaml(text, "x.yaml", SpecError)
+    else:
+        assert len(load_yaml(text, "x.yaml", SpecError)[0]["b"]) == copies
+
+
+def test_merge_keys_may_repeat_in_one_mapping():
+    data, _ = load_yaml("a: &a {x: 1}\nb: &b {y: 2}\nc:\n  <<: *a\n  <<: *b\n", "x.yaml", SpecError)
+    assert data["c"] == {"x": 1, "y": 2}
+
+
+@pytest.mark.parametrize("text", ["a: 1\n" + "#" * MAX_BYTES, "a: 1\n# " + "\u00e9" * (MAX_BYTES // 2 - 3)])
+def test_a_document_past_1_mib_of_utf8_is_refused_by_load_yaml_too(text):
+    """Counted in UTF-8 bytes, not characters: the second is 524,285 characters and 1,048,578 bytes."""
+    with pytest.raises(SpecError, match=r"^x.yaml: larger than 1024 KiB; refused$"):
+        load_yaml(text, "x.yaml", SpecError)
+
+
+@pytest.mark.parametrize("body", [b"", b"# only a comment\n", b"just words\n", b"- a\n- b\n"])
+def test_a_spec_that_is_not_a_mapping_names_the_keys_a_spec_has(tmp_path, body):
+    (tmp_path / "spec.yaml").write_bytes(body)
+    with pytest.raises(SpecError, match=r"spec.yaml:1:1: a spec is a mapping with keys name, model, target, inputs"):
+        load_spec(tmp_path / "spec.yaml")
+
+
+def test_a_spec_that_is_not_utf8_names_the_byte(tmp_path):
+    (tmp_path / "spec.yaml").write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(SpecError, match=r"spec.yaml: spec file is not UTF-8 text \(invalid continuation byte at "
+                                        r"byte 9\)"):
+        load_spec(tmp_path / "spec.yaml")
+
+
 def test_anchors_and_aliases_that_stay_small_are_fine():
     data, _ = load_yaml("p: &p {block: 256}\nk1: {params: *p}\nk2: {params: *p}\n", "x.yaml", SpecError)
     assert data["k2"]["params"] == {"block": 256}
@@ -70,7 +115,7 @@ def test_aliases_cannot_chain_nesting_past_the_bound():
 def test_an_oversized_spec_is_refused_before_parsing(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text("# " + "x" * MAX_BYTES + "\n")
-    with pytest.raises(SpecError, match="larger than 1024 KiB"):
+    with pytest.raises(SpecError, match=r"big.yaml: spec file is larger than 1024 KiB; refused"):
         load_spec(path)
 
 
