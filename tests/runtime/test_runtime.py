@@ -15,6 +15,7 @@ import math
 import re
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +24,15 @@ import pytest
 from conftest import FUSED, REPO, YOLOV8N_T4, letterbox_variant
 
 from deepjit_compiler.bundle.folder import read_bundle, update_bundle
+from deepjit_compiler.bundle.view import InputView, StepView
 from deepjit_compiler.errors import BundleError, KernelError, MissingDependency, RuntimeInputError
+from deepjit_compiler.graph.tensors import TensorSig
 from deepjit_compiler.runtime import hostmem
 from deepjit_compiler.runtime import pipeline as runtime
 from deepjit_compiler.runtime import run as runbundle
 from deepjit_compiler.runtime.code import choose_code
 from deepjit_compiler.runtime.inputs import bucket_for
-from deepjit_compiler.runtime.layout import Layout
+from deepjit_compiler.runtime.layout import KernelInfo, Layout, StepInfo, site_aliases
 from deepjit_compiler.runtime.pipeline import CountingGpu, Pipeline
 
 YOLOV8N = {old: new for old, new in YOLOV8N_T4.items() if not new.startswith("path: out/")}  # out/<name> here
@@ -363,7 +366,7 @@ def test_a_fused_decode_makes_the_detections_and_its_nms_stage_nothing(t4_bundle
 
 @pytest.mark.parametrize("batch,bucket", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8)])
 def test_bucket_is_the_smallest_that_holds_the_batch(batch, bucket):
-    assert bucket_for(batch, (1, 2, 4, 8)) == bucket
+    assert bucket_for(batch, (1, 2, 4, 8)) == bucket == bucket_for(batch, (8, 2, 1, 4))
 
 
 def test_buckets_always_reach_the_max_batch(t4_bundle):
@@ -379,7 +382,11 @@ def test_buckets_always_reach_the_max_batch(t4_bundle):
     (lambda r: {"images": r.random((2, 3, 640, 640))}, "input 'images' is float64, expected float32"),
     (lambda r: {"images": images(r, 9)}, "batch 9 is above this pipeline's max batch 8"),
     (lambda r: {"images": images(r, 1)[0]}, r"expected rank 4 \[batch, 3, 640, 640\]"),
-    (lambda r: {"images": r.random((1, 3, 320, 640), dtype=np.float32)}, "dim 2 is 320, allowed 640"),
+    (lambda r: {"images": r.random((1, 3, 320, 640), dtype=np.float32)},
+     r"dim 2 is 320, allowed 640 \(shape \[batch, 3, 640, 640\], got \(1, 3, 320, 640\)\)"),
+    (lambda r: {"images": r.random((1, 4, 640, 640), dtype=np.float32)}, r"dim 1 is 4, allowed 3 \("),
+    (lambda r: {"images": r.random((1, 3, 640, 640, 1), dtype=np.float32)},
+     r"has shape \(1, 3, 640, 640, 1\), expected rank 4"),
     (lambda r: {}, "input 'images' is missing"),
     (lambda r: {"image": images(r, 1), "images": images(r, 1)}, "unknown input 'image' \\(did you mean 'images'"),
     (lambda r: {"images": [[0.0]]}, "expected a numpy array, got list"),
@@ -391,6 +398,95 @@ def test_bad_feeds_name_the_input_and_what_is_allowed(t4_layout, feeds, message)
 
 def test_good_feeds_give_their_batch(t4_layout):
     assert t4_layout.check_feeds({"images": images(np.random.default_rng(1), 3)}) == 3
+
+
+def _kernel_step(name: str, reads: tuple[str, ...], writes: tuple[str, ...]) -> StepInfo:
+    """A kernel step of one kernel that reads and writes these float32 [batch] tensors (no contract needed
+    to schedule it)."""
+    sigs = tuple(TensorSig(n, "float32", ("batch",), role) for role, names in (("input", reads), ("output", writes))
+                 for n in names)
+    return StepInfo(StepView(name, "kernel", (), (), ""), (KernelInfo(name, 0, None, None, {}, sigs),))
+
+
+def _segment_step(name: str, reads: tuple[str, ...], writes: tuple[str, ...]) -> StepInfo:
+    return StepInfo(StepView(name, "segment", _batch_sigs(reads), _batch_sigs(writes), f"{name}.onnx"))
+
+
+def _batch_sigs(names: tuple[str, ...]) -> tuple[TensorSig, ...]:
+    return tuple(TensorSig(n, "float32", ("batch",)) for n in names)
+
+
+def test_copies_cross_only_where_a_tensor_is_not_yet_on_that_side(t4_layout):
+    """k1 on the device makes `a`; the CPU engine reads it (one download) and makes `b`; k2 reads both:
+    only `b` is uploaded (`a` is still on the device), and only the device's outputs are copied out."""
+    steps = (_kernel_step("k1", ("x",), ("a",)), _segment_step("s", ("a",), ("b",)), _kernel_step("k2", ("a", "b"), ("c",)))
+    outputs = _batch_sigs(("c", "b"))
+    x = InputView("x", "float32", ("batch",), (1,), (2,), (4,), (1, 2, 4))
+    layout = replace(t4_layout, inputs=(x,), outputs=outputs, steps=steps)
+    host = layout.schedule(engines_on_device=False)
+    assert [(p.where, p.steps, p.reads, p.upload, p.download) for p in host.phases] == [
+        ("device", ("k1",), ("x",), ("x",), ()), ("host", ("s",), ("a",), (), ("a",)),
+        ("device", ("k2",), ("a", "b"), ("b",), ())]
+    assert host.final_download == ("c",) and host.device_tensors == ("x", "a", "b", "c")
+    device = layout.schedule(engines_on_device=True)
+    assert [(p.where, p.steps, p.upload) for p in device.phases] == [("device", ("k1", "s", "k2"), ("x",))]
+    assert device.final_download == ("c", "b") and device.device_tensors == ("x", "a", "b", "c")
+
+
+def test_inputs_share_one_batch_within_the_tightest_of_their_profiles(t4_layout):
+    """Every input is batch-major with one batch: the max is the smallest max, the min the largest min,
+    and a call's inputs must agree on it."""
+    images_in = t4_layout.inputs[0]  # batch 1..8
+    scale = InputView("scale", "float32", ("batch", 2), (2, 2), (4, 2), (6, 2), images_in.buckets)
+    layout = replace(t4_layout, inputs=(images_in, scale))
+    assert (layout.min_batch, layout.max_batch) == (2, 6)
+    rng = np.random.default_rng(7)
+
+    def feeds(n: int, m: int | None = None) -> dict[str, np.ndarray]:
+        return {"images": images(rng, n), "scale": rng.random((n if m is None else m, 2), dtype=np.float32)}
+
+    assert layout.check_feeds(feeds(3)) == 3
+    with pytest.raises(RuntimeInputError, match="input 'scale' has batch 2, but the other inputs have 3"):
+        layout.check_feeds(feeds(3, 2))
+    with pytest.raises(RuntimeInputError, match="batch 1 is below this pipeline's min batch 2$"):
+        layout.check_feeds(feeds(1))
+    with pytest.raises(RuntimeInputError, match="batch 7 is above this pipeline's max batch 6"):
+        layout.check_feeds(feeds(7))
+
+
+def test_inputs_with_different_buckets_are_refused_and_launches_cover_the_min_batch(t4_layout):
+    images_in = replace(t4_layout.inputs[0], min=(3, 3, 320, 320), buckets=(4, 8))
+    layout = replace(t4_layout, inputs=(images_in,))
+    assert layout.launch_batches == (3, 4, 8) and layout.buckets == (4, 8)
+    with pytest.raises(RuntimeInputError, match=r"input 'images' dim 2 is 100, allowed 320..640 \(shape"):
+        layout.check_feeds({"images": np.random.default_rng(2).random((3, 3, 100, 640), dtype=np.float32)})
+    other = replace(images_in, name="other", buckets=(8,))
+    with pytest.raises(BundleError, match=r"inputs have different batch buckets \[\(4, 8\), \(8,\)\]"):
+        replace(layout, inputs=(images_in, other)).buckets
+
+
+def test_a_step_reads_only_what_its_own_kernels_do_not_make_first():
+    k1 = _kernel_step("k", ("x",), ("a",)).kernels[0]
+    k2 = _kernel_step("k", ("a", "y"), ("b",)).kernels[0]
+    step = StepInfo(StepView("k", "kernel", (), (), ""), (k1, k2))
+    assert (step.reads, step.writes) == (("x", "y"), ("a", "b"))
+
+
+def test_a_site_input_past_the_steps_inputs_is_a_bundle_error(t4_layout):
+    decode = t4_layout.step("decode")
+    k = decode.kernels[0]
+    with pytest.raises(BundleError, match=r"kernel d: input '\w+' reads site input 5, but the step has 5 inputs"):
+        site_aliases(k.contract, k.params, decode.inputs[:5], "kernel d")
+
+
+def test_an_engine_outputs_symbolic_dims_come_from_the_input_that_names_them(t4_layout):
+    frames = InputView("frames", "float32", ("batch", 3, "height", "width"), (1, 3, 32, 32), (2, 3, 64, 64),
+                       (4, 3, 640, 640), (1, 2, 4))
+    layout = replace(t4_layout, inputs=(frames,))
+    known = {"frames": (2, 3, 480, 320)}
+    assert layout.engine_output_shape(TensorSig("y", "float32", ("batch", 84, "width", "height")), 2, known) == \
+        (2, 84, 320, 480)
+    assert layout.engine_output_shape(TensorSig("z", "float32", ("batch", "anchors")), 2, known) is None
 
 
 # ----------------------------------------------------------------------------- cubin or PTX
