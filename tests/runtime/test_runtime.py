@@ -503,6 +503,8 @@ def test_incompatible_gpu_or_driver_says_which(t4_layout):
         choose_code(kernel, 90, 99999, "cubin", device_name="H200")
     with pytest.raises(BundleError, match=r"built for sm_75; V100 \(sm_70.*is older.*rebuild with target.gpu"):
         choose_code(kernel, 70, 99999, "auto", device_name="V100")
+    with pytest.raises(BundleError, match=r"built for sm_75; this GPU \(sm_74.*is older"):
+        choose_code(kernel, 74, 99999, "auto")
     need = int(kernel.entry["ptx_min_driver"])
     old = need - 10
     want = f"CUDA {need // 1000}.{need % 1000 // 10}"
