@@ -1,7 +1,11 @@
 import numpy as np
 import pytest
+from conftest import letterbox_variant
+from PIL import Image
 
 from deepjit_compiler.errors import RuntimeInputError, SpecError
+from deepjit_compiler.graph.tensors import TensorSig
+from deepjit_compiler.spec.load import load_spec
 from deepjit_compiler.validation.data import (
     batch_sizes,
     concrete_shape,
@@ -10,6 +14,8 @@ from deepjit_compiler.validation.data import (
     random_feeds,
     row_labels,
 )
+
+IMAGES = TensorSig("images", "float32", ("batch", 3, 640, 640))
 
 
 def test_random_feeds_are_seeded_and_in_range():
@@ -24,6 +30,14 @@ def test_random_feeds_are_seeded_and_in_range():
     assert imgs.min() >= -2.0 and imgs.max() < 3.0 and imgs.std() > 1.0
     raw = a[0]["raw"]
     assert raw.dtype == np.uint8 and raw.max() > 200 and raw.min() < 50
+
+
+def test_integer_ranges_include_both_ends():
+    """A range [lo, hi] of an integer input is inclusive, as the uint8 default [0, 255] is."""
+    (feed,) = random_feeds({"ids": ("int32", (512,)), "raw": ("uint8", (64, 64, 3))}, seed=3, samples=1,
+                           ranges={"ids": (-1, 2)})
+    assert sorted(np.unique(feed["ids"]).tolist()) == [-1, 0, 1, 2]
+    assert (feed["raw"].min(), feed["raw"].max()) == (0, 255)
 
 
 def test_concrete_shape_binds_batch_and_fallback_dims():
@@ -46,6 +60,13 @@ def test_folder_feeds_load_npy_samples_in_order_and_check_dtype(tmp_path):
     with pytest.raises(SpecError, match=r"holds no images \(.*\.png.*\) and not the same number \(>= 1\) of "
                                         r"<input>_<k>.npy files for every input: found \{'other': 0\}"):
         folder_feeds(tmp_path, {"other": ("float32", (1,))})
+    (tmp_path / "images_2.npy").unlink()
+    np.save(tmp_path / "mask_0.npy", arrays[0])  # a batch 1 without its mask
+    with pytest.raises(SpecError, match=r"found \{'images': 2, 'mask': 1\}"):
+        folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4)), "mask": ("float32", (1, 3, 4, 4))})
+    np.save(tmp_path / "images_1.npy", arrays[1][0])
+    with pytest.raises(SpecError, match=r"images_1.npy: expected float32 with rank 4, got float32 \[3, 4, 4\]"):
+        folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
 
 
 @pytest.mark.parametrize("write, says", [
@@ -71,8 +92,6 @@ def test_a_folder_image_past_the_pixel_limit_names_the_file(tmp_path, monkeypatc
 
 
 def test_folder_of_images_is_read_as_bgr_and_letterboxed(tmp_path):
-    from PIL import Image
-
     from deepjit_compiler.graph.ort import ort_session
     from deepjit_compiler.surgery.references import letterbox_reference
 
@@ -97,16 +116,27 @@ def test_folder_of_images_is_read_as_bgr_and_letterboxed(tmp_path):
         folder_feeds(tmp_path, {"x": ("float32", (1, 10))})
 
 
+@pytest.mark.parametrize("inputs, says", [
+    ({"images": ("float32", (1, 3, 32, 48))}, r"a\.png: input 'images' \[1, 3, 32, 48\] takes no images"),
+    ({"images": ("float32", (1, 3, 32, 32)), "scale": ("float32", (1, 1))},
+     r"images need a pipeline with one input, not images, scale"),
+], ids=["not-square", "two-inputs"])
+def test_images_for_an_input_that_cannot_take_them_are_refused(tmp_path, inputs, says):
+    rgb = np.random.default_rng(6).integers(0, 256, size=(24, 40, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(tmp_path / "a.png")
+    with pytest.raises(SpecError, match=says):
+        folder_feeds(tmp_path, inputs)
+
+
 def test_batch_sizes_cycle_through_the_buckets_and_cover_every_row():
     assert batch_sizes(17, [1, 2, 4]) == [1, 2, 4, 1, 2, 4, 1, 2]
     assert batch_sizes(5, [4, 2, 1]) == [1, 2, 2]      # the rest takes the largest bucket that fits
     assert batch_sizes(3, [4]) == [4]                   # smaller than every bucket: one batch, filled up
     assert batch_sizes(8, [8]) == [8] and batch_sizes(0, [1, 2]) == []
+    assert batch_sizes(1, [4, 2]) == [2] and batch_sizes(5, [2, 4]) == [2, 2, 2]  # a rest of 1: the smallest
 
 
 def test_every_image_of_a_folder_is_used_batched_by_the_buckets_and_labelled(tmp_path):
-    from PIL import Image
-
     rng = np.random.default_rng(9)
     for k in range(6):
         Image.fromarray(rng.integers(0, 256, size=(20 + k, 30, 3), dtype=np.uint8)).save(tmp_path / f"im{k}.png")
@@ -129,11 +159,6 @@ def test_random_feeds_and_plain_lists_are_labelled_by_sample_and_row():
 
 
 def test_feeds_for_batch_a_folder_by_the_spec_inputs_buckets(write_spec, tmp_path):
-    from PIL import Image
-
-    from deepjit_compiler.graph.tensors import TensorSig
-    from deepjit_compiler.spec.load import load_spec
-
     photos = tmp_path / "photos"
     photos.mkdir()
     rng = np.random.default_rng(2)
@@ -147,15 +172,41 @@ def test_feeds_for_batch_a_folder_by_the_spec_inputs_buckets(write_spec, tmp_pat
     assert sum(len(rows) for rows in row_labels(feeds)) == 9
 
 
-def test_a_folder_array_outside_the_profile_names_the_file_and_the_profile(write_spec, tmp_path):
+@pytest.mark.parametrize("shape", [(2, 3, 320, 320), (1, 3, 640, 648)], ids=["below-min", "above-max"])
+def test_a_folder_array_outside_the_profile_names_the_file_and_the_profile(write_spec, tmp_path, shape):
     """A 320 x 320 batch for the fixed 640 model failed inside ONNX Runtime (exit 3)."""
-    from deepjit_compiler.errors import SpecError
-    from deepjit_compiler.graph.tensors import TensorSig
-    from deepjit_compiler.spec.load import load_spec
-
     (tmp_path / "data").mkdir()
-    np.save(tmp_path / "data" / "images_0.npy", np.random.default_rng(4).random((2, 3, 320, 320), dtype=np.float32))
+    np.save(tmp_path / "data" / "images_0.npy", np.random.default_rng(4).random(shape, dtype=np.float32))
     spec = load_spec(write_spec({"    random:\n      ranges: {images: [0.0, 1.0]}": "    folder: data"})).spec
-    with pytest.raises(SpecError, match=r"validation.data.folder: images_0.npy gives input 'images' shape \[2, 3, 320, "
-                                        r"320\]; its profile allows \[1, 3, 640, 640\] to \[8, 3, 640, 640\]"):
-        feeds_for(spec, [TensorSig("images", "float32", ("batch", 3, 640, 640))])
+    dims = ", ".join(map(str, shape))
+    with pytest.raises(SpecError, match=rf"validation.data.folder: images_0.npy gives input 'images' shape \[{dims}\]; "
+                                        r"its profile allows \[1, 3, 640, 640\] to \[8, 3, 640, 640\]"):
+        feeds_for(spec, [IMAGES])
+
+
+def test_random_feeds_follow_the_specs_seed(write_spec):
+    def feeds(seed: int):
+        path = write_spec({"  seed: 0": f"  seed: {seed}", "  samples: 2": "  samples: 1",
+                           "  gate: true": "  batch: 1\n  gate: true"}, name=f"seed{seed}.yaml")
+        return feeds_for(load_spec(path).spec, [IMAGES])[0]["images"]
+
+    first = feeds(5)
+    assert np.array_equal(first, feeds(5)) and not np.array_equal(first, feeds(6))
+
+
+@pytest.mark.parametrize("edits, rows", [
+    ({"  gate: true": "  batch: 16\n  gate: true"}, 8),
+    ({"  gate: true": "  batch: 1\n  gate: true", "min: [1, 3, 640, 640]": "min: [4, 3, 640, 640]",
+      "buckets: [1, 2, 4, 8]": "buckets: [4, 8]"}, 4),
+], ids=["above-max", "below-min"])
+def test_the_random_batch_is_clamped_to_the_profile(write_spec, edits, rows):
+    spec = load_spec(write_spec({"  samples: 2": "  samples: 1", **edits})).spec
+    (feed,) = feeds_for(spec, [IMAGES])
+    assert feed["images"].shape == (rows, 3, 640, 640)
+
+
+def test_symbolic_dims_past_the_batch_take_the_profiles_opt(write_spec):
+    """raw_images [batch, height, width, 3]: opt [2, 96, 128, 3], max [4, 1080, 1920, 3]."""
+    spec = load_spec(write_spec(letterbox_variant(opt_hw=(96, 128)))).spec
+    feeds = feeds_for(spec, [TensorSig("raw_images", "uint8", ("batch", "height", "width", 3))])
+    assert [f["raw_images"].shape for f in feeds] == [(2, 96, 128, 3)] * 2
