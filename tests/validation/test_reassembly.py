@@ -4,12 +4,15 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import onnx
-from conftest_models import chain_model, tiny_detector, two_cut_model
+import pytest
+from conftest_models import chain_model, make_model, tiny_detector, two_cut_model
+from onnx import TensorProto, helper, numpy_helper
 
 from deepjit_compiler.surgery.cut import plan_from_model
 from deepjit_compiler.surgery.plan import CutRequest, KernelRequest, Plan
-from deepjit_compiler.validation.graph import check_reassembly
+from deepjit_compiler.validation.graph import check_reassembly, graph_level
 
 
 def cut(name, inputs, outputs):
@@ -97,3 +100,69 @@ def test_added_stages_run_on_both_sides():
     report = check_reassembly(plan, tiny_detector(), seed=5, samples=2, batch=2)
     assert report.passed, report.describe()
     assert {o.name for o in report.outputs} == {"num_dets", "boxes", "scores", "classes", "ratio_pad"}
+
+
+def pick_model() -> onnx.ModelProto:
+    """x [N, 6] -> Relu -> a -> Softmax -> p (float32 output); idx = ArgMax(p) (int64 output)."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Softmax", ["a"], ["p"], axis=1),
+             helper.make_node("ArgMax", ["p"], ["idx"], axis=1, keepdims=0)]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                      [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 6]),
+                       helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])])
+
+
+def head_reference(last: str = "ArgMax", p_extra: tuple = ()) -> onnx.ModelProto:
+    """A stand-in for the cut [a] -> [p, idx]: Softmax, then `p_extra` nodes (reading 'sm', writing 'p'),
+    then `last` over p."""
+    nodes = [helper.make_node("Softmax", ["a"], ["sm" if p_extra else "p"], axis=1), *p_extra,
+             helper.make_node(last, ["p"], ["idx"], axis=1, keepdims=0)]
+    inits = [numpy_helper.from_array(np.array([1e-7], np.float32), "tiny")]
+    return make_model(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 6])],
+                      [helper.make_empty_tensor_value_info("p"),
+                       helper.make_tensor_value_info("idx", TensorProto.INT64, ["N"])], inits)
+
+
+def pick_plan(reference: onnx.ModelProto) -> Plan:
+    plan = plan_from_model(pick_model(), [cut("head", ["a"], ["p", "idx"])])
+    return replace_step(plan, "head", reference=reference)
+
+
+def feeds(rows: int = 4) -> list[dict[str, np.ndarray]]:
+    """Two batches of positive rows (no ties for ArgMax or ArgMin)."""
+    rng = np.random.default_rng(17)
+    return [{"x": rng.uniform(0.1, 1.0, (rows, 6)).astype(np.float32)} for _ in range(2)]
+
+
+@pytest.mark.parametrize("reference, differ", [
+    (head_reference(), set()),
+    (head_reference(p_extra=(helper.make_node("Add", ["sm", "tiny"], ["p"]),)), {"p"}),  # ~3 ulp: within allclose
+    (head_reference(last="ArgMin"), {"idx"}),
+    (head_reference(p_extra=(helper.make_node("Cast", ["sm"], ["p"], to=TensorProto.DOUBLE),)), {"p"}),
+], ids=["same", "a-few-ulp", "integer", "dtype"])
+def test_every_output_must_be_bit_identical(reference, differ):
+    """Bit for bit means bit for bit: a float off by a few ulp, an integer output, or the same values
+    in another dtype all fail the level, each output judged on its own."""
+    level = graph_level(pick_plan(reference), pick_model(), feeds())
+    assert {o.name: o.passed for o in level.outputs} == {"p": "p" not in differ, "idx": "idx" not in differ}
+    assert level.status == ("failed" if differ else "passed")
+
+
+def test_a_difference_in_one_batch_fails_even_when_a_later_one_agrees():
+    """The first batch's rows differ (ArgMin for ArgMax); the second's rows are constant, where both pick 0."""
+    first, second = feeds()
+    second = {"x": np.full_like(second["x"], 0.5)}
+    report = check_reassembly(pick_plan(head_reference(last="ArgMin")), pick_model(), [first, second])
+    worst = float(np.max(np.abs(np.argmax(first["x"], 1) - np.argmin(first["x"], 1))))
+    (idx,) = [o for o in report.outputs if o.name == "idx"]
+    assert not report.passed and not idx.bit_identical and idx.max_abs_diff == worst > 0
+    assert report.first_mismatch == "step 'head' output 'idx'"
+
+
+def test_a_plan_that_cannot_run_fails_the_graph_level_naming_why():
+    plan = two_cut_plan()
+    headless = dataclasses.replace(plan, steps=plan.steps[:-1])  # nothing makes the pipeline output
+    report = check_reassembly(headless, two_cut_model(), seed=0, samples=1)
+    assert not report.passed and report.error == "pipeline output 'y' is produced by no step"
+    level = graph_level(headless, two_cut_model(), feeds=[{"x": np.random.default_rng(2).random((1, 4, 8, 8),
+                                                                                              dtype=np.float32)}])
+    assert (level.status, level.reason) == ("failed", "pipeline output 'y' is produced by no step")
