@@ -125,20 +125,20 @@ def random_feeds(inputs: Mapping[str, tuple[str, tuple[int, ...]]], *, seed: int
 def folder_feeds(folder: Path, inputs: Mapping[str, tuple[str, tuple[int, ...]]],
                  buckets: Sequence[int] = (1,)) -> Feeds:
     """Feeds from all the images in `folder` (batched by `buckets`), else from `<input>_<k>.npy` files
-    (one batch each), grouped by k in sorted order."""
+    (one batch each), grouped by k in increasing order; every input needs the same ks."""
     if not folder.is_dir():
         raise SpecError(f"validation.data.folder: {folder} is not a folder")
     images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if images:
         return image_feeds(images, inputs, buckets)
-    per_input = {name: sorted(folder.glob(f"{name}_*.npy")) for name in inputs}
-    counts = {name: len(files) for name, files in per_input.items()}
-    if not all(counts.values()) or len(set(counts.values())) != 1:
+    per_input = {name: _numbered(folder, name) for name in inputs}
+    ks = {name: sorted(files) for name, files in per_input.items()}
+    if not all(ks.values()) or len({tuple(k) for k in ks.values()}) != 1:
         raise SpecError(f"validation.data.folder: {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}, "
-                        f"in the folder itself) and not the same number (>= 1) of <input>_<k>.npy files for every "
-                        f"input: found {counts}")
+                        f"in the folder itself) and not <input>_<k>.npy files with the same k (>= 1 of them) for "
+                        f"every input: found k {ks}")
     feeds, labels = [], []
-    for k in range(next(iter(counts.values()))):
+    for k in next(iter(ks.values())):
         feed = {}
         for name, (dtype, shape) in inputs.items():
             array = read_npy(per_input[name][k])
@@ -150,6 +150,17 @@ def folder_feeds(folder: Path, inputs: Mapping[str, tuple[str, tuple[int, ...]]]
         first = per_input[next(iter(inputs))][k]
         labels.append([f"{first.name} row {i}" for i in range(len(next(iter(feed.values()))))])
     return Feeds(feeds, labels)
+
+
+def _numbered(folder: Path, name: str) -> dict[int, Path]:
+    """The folder's `<name>_<k>.npy` files by k; not another input's whose name starts the same
+    (`images_size_0.npy` is not a batch of `images`)."""
+    found = {}
+    for path in folder.glob(f"{name}_*.npy"):
+        k = path.name[len(name) + 1:-len(".npy")]
+        if k.isascii() and k.isdigit():
+            found[int(k)] = path
+    return found
 
 
 def validation_feeds(validation, inputs: Mapping[str, tuple[str, tuple[int, ...]]],

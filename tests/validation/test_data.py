@@ -57,16 +57,33 @@ def test_folder_feeds_load_npy_samples_in_order_and_check_dtype(tmp_path):
     np.save(tmp_path / "images_2.npy", arrays[0].astype(np.float64))
     with pytest.raises(SpecError, match="images_2.npy: expected float32"):
         folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
-    with pytest.raises(SpecError, match=r"holds no images \(.*\.png.*\) and not the same number \(>= 1\) of "
-                                        r"<input>_<k>.npy files for every input: found \{'other': 0\}"):
+    with pytest.raises(SpecError, match=r"holds no images \(.*\.png.*\) and not <input>_<k>.npy files with the same "
+                                        r"k \(>= 1 of them\) for every input: found k \{'other': \[\]\}"):
         folder_feeds(tmp_path, {"other": ("float32", (1,))})
     (tmp_path / "images_2.npy").unlink()
     np.save(tmp_path / "mask_0.npy", arrays[0])  # a batch 1 without its mask
-    with pytest.raises(SpecError, match=r"found \{'images': 2, 'mask': 1\}"):
+    with pytest.raises(SpecError, match=r"found k \{'images': \[0, 1\], 'mask': \[0\]\}"):
         folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4)), "mask": ("float32", (1, 3, 4, 4))})
     np.save(tmp_path / "images_1.npy", arrays[1][0])
     with pytest.raises(SpecError, match=r"images_1.npy: expected float32 with rank 4, got float32 \[3, 4, 4\]"):
         folder_feeds(tmp_path, {"images": ("float32", (1, 3, 4, 4))})
+
+
+def test_npy_batches_pair_by_k_and_an_input_named_like_another_takes_only_its_own(tmp_path):
+    """Inputs `x` and `x_mask`: x_mask_0.npy is not a batch of x. Batches go by k as a number (2 before 10)."""
+    rng = np.random.default_rng(11)
+    xs = {k: rng.normal(size=(1, 4)).astype(np.float32) for k in (2, 10)}
+    masks = {k: rng.integers(0, 2, size=(1, 4)).astype(np.uint8) for k in (2, 10)}
+    for k in xs:
+        np.save(tmp_path / f"x_{k}.npy", xs[k])
+        np.save(tmp_path / f"x_mask_{k}.npy", masks[k])
+    feeds = folder_feeds(tmp_path, {"x": ("float32", (1, 4)), "x_mask": ("uint8", (1, 4))})
+    assert [(f["x"].tolist(), f["x_mask"].tolist()) for f in feeds] == [(xs[k].tolist(), masks[k].tolist())
+                                                                        for k in (2, 10)]
+    assert row_labels(feeds) == [["x_2.npy row 0"], ["x_10.npy row 0"]]
+    (tmp_path / "x_mask_10.npy").rename(tmp_path / "x_mask_3.npy")  # as many files, other ks
+    with pytest.raises(SpecError, match=r"found k \{'x': \[2, 10\], 'x_mask': \[2, 3\]\}"):
+        folder_feeds(tmp_path, {"x": ("float32", (1, 4)), "x_mask": ("uint8", (1, 4))})
 
 
 @pytest.mark.parametrize("write, says", [
