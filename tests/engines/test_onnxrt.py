@@ -11,9 +11,19 @@ from onnx import TensorProto, helper, numpy_helper
 from polygraphy.backend.base import BaseRunner
 from polygraphy.comparator import Comparator
 
-from deepjit_compiler.engines import Decision, EngineSettings, InputProfile, Runner, engine_from_segment, runner_for
+from deepjit_compiler.engines import (
+    Decision,
+    EngineArtifact,
+    EngineSettings,
+    InputProfile,
+    Runner,
+    engine_from_segment,
+    onnxrt,
+    runner_for,
+)
 from deepjit_compiler.engines.onnxrt import OnnxrtEngineRunner, build_engine, cuda_available
-from deepjit_compiler.errors import EngineError, MissingDependency
+from deepjit_compiler.errors import BundleError, EngineError, MissingDependency, RuntimeInputError
+from deepjit_compiler.spec.models import Engine
 
 
 def segment(seed: int = 0) -> onnx.ModelProto:
@@ -163,9 +173,6 @@ def test_onnxruntimes_own_cuda_graph_replays_new_data_in_the_same_buffers():
 
 def test_tf32_is_off_unless_the_spec_allows_it(monkeypatch):
     """fp32 means fp32: the CUDA provider gets use_tf32=0 by default, 1 only with engine.tf32."""
-    from deepjit_compiler.engines import onnxrt
-    from deepjit_compiler.spec.models import Engine
-
     assert Engine().tf32 is False and Engine(tf32=True).tf32 is True
     settings = EngineSettings(backend="onnxruntime", tf32=True)
     assert EngineSettings.from_dict(json.loads(settings.to_json())).tf32 is True
@@ -184,3 +191,64 @@ def test_tf32_is_off_unless_the_spec_allows_it(monkeypatch):
         assert runner.describe().endswith(f"tf32 {'on' if tf32 else 'off'})")
     assert [p[0][1]["use_tf32"] for p in seen] == ["0", "1"]
     assert seen[0][0][1]["user_compute_stream"] == "1234"
+
+
+def _cuda_sessions(monkeypatch, providers: list[str]) -> list:
+    """ONNX Runtime sessions faked to report `providers`: the provider options each was asked for."""
+    seen = []
+    session = type("Session", (), {"get_providers": lambda self: providers})
+
+    def make(model, so, providers):
+        seen.append(dict(providers[0][1]))
+        return session()
+    monkeypatch.setattr(onnxrt.ort, "InferenceSession", make)
+    monkeypatch.setattr(onnxrt, "_preloaded", True)
+    return seen
+
+
+def test_the_cuda_provider_runs_on_the_device_asked_for(monkeypatch):
+    art = build_engine(segment(), "engine", SETTINGS)
+    seen = _cuda_sessions(monkeypatch, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    runner = runner_for(art, device="cpu", tf32=True, device_id=1)
+    assert (runner.tf32, runner.device_id) == (True, 1)
+    runner.device = "cuda"  # what onnxruntime-gpu would choose: the session options are what is checked
+    runner._session(1234)
+    assert (seen[0]["device_id"], seen[0]["use_tf32"]) == ("1", "1")
+
+
+def test_a_cuda_session_that_fell_back_to_the_cpu_is_an_engine_error(monkeypatch):
+    """ONNX Runtime falls back to the CPU with only a log line when CUDA or cuDNN is missing."""
+    _cuda_sessions(monkeypatch, ["CPUExecutionProvider"])
+    runner = OnnxrtEngineRunner(segment(), device="cpu", name="ort:head")
+    runner.device = "cuda"
+    with pytest.raises(EngineError, match="ort:head: ONNX Runtime could not start its CUDA provider .* it has "
+                                          "CPUExecutionProvider$"):
+        runner._session(1234)
+
+
+def test_enqueue_refuses_before_activate_and_on_stream_0():
+    runner = OnnxrtEngineRunner(segment(), device="cpu", name="ort:head")
+    shapes = {"images": (1, 3, 32, 32), "out": (1, 8, 32, 32)}
+    with pytest.raises(EngineError, match="ort:head: enqueue before activate"):
+        runner.enqueue(1234, {"images": 1, "out": 2}, shapes)
+    with runner:
+        runner.device = "cuda"  # past the provider check: stream 0 is refused before any session is made
+        with pytest.raises(RuntimeInputError, match="stream 0 as 'no user stream'"):
+            runner.enqueue(0, {"images": 1, "out": 2}, shapes)
+
+
+def test_binding_names_the_tensor_without_a_device_pointer():
+    runner = OnnxrtEngineRunner(segment(), device="cpu", name="ort:head")
+    sess = ort.InferenceSession(segment().SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(RuntimeInputError, match=r"ort:head: no device pointer and shape for input 'images'; the "
+                                                r"segment's tensors are \['images', 'out'\]"):
+        runner._bind(sess, {"out": 2}, {"images": (1, 3, 32, 32), "out": (1, 8, 32, 32)})
+
+
+def test_runner_for_takes_the_plan_of_its_flavour_and_refuses_ambiguity():
+    files = {"seg.onnx": b"onnx", "seg.plan": b"a TensorRT plan", "seg.rtx.plan": b"a TensorRT-RTX plan"}
+    assert runner_for(EngineArtifact("tensorrt", "seg", files))._plan == b"a TensorRT plan"
+    assert runner_for(EngineArtifact("tensorrt-rtx", "seg", files))._plan == b"a TensorRT-RTX plan"
+    two = {"a.onnx": segment().SerializeToString(), "b.onnx": segment(1).SerializeToString()}
+    with pytest.raises(BundleError, match=r"engine 'seg': expected one .onnx file, found \['a.onnx', 'b.onnx'\]"):
+        runner_for(EngineArtifact("onnxruntime", "seg", two))

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -23,6 +24,7 @@ from deepjit_compiler.engines import (
 )
 from deepjit_compiler.engines.base import Decision
 from deepjit_compiler.engines.flavours import TENSORRT, TENSORRT_RTX, flavour_of_plan
+from deepjit_compiler.engines.plans import plan_key
 from deepjit_compiler.engines.tensorrt import (
     config_from_settings,
     network_kwargs,
@@ -112,6 +114,7 @@ def test_plan_files_name_their_flavour():
     assert (TENSORRT.plan_file("segment"), TENSORRT_RTX.plan_file("segment")) == ("segment.plan", "segment.rtx.plan")
     assert flavour_of_plan("engines/segment.rtx.plan") is TENSORRT_RTX
     assert flavour_of_plan("engines/segment.plan") is TENSORRT
+    assert flavour_of_plan("engines/cortx.plan") is TENSORRT  # a segment whose name ends in "rtx"
 
 
 RTX = (75, 80, 86, 89, 120, 121)
@@ -157,6 +160,17 @@ def test_backend_tensorrt_rtx_builds_or_says_why_not():
                        rtx_sms=RTX)
 
 
+def test_a_plans_key_names_the_build_gpu_for_tensorrt_only_and_never_the_timing_cache_path():
+    """A TensorRT plan is timed on the GPU it is built on; a TensorRT-RTX plan is built for its target,
+    anywhere. Where the timing cache lives does not change what is built."""
+    data = _tiny().SerializeToString()
+    s = settings()
+    assert plan_key(data, s, TENSORRT, "10.13.0", 75) != plan_key(data, s, TENSORRT, "10.13.0", 86)
+    assert plan_key(data, s, TENSORRT_RTX, "1.7.1", 75) == plan_key(data, s, TENSORRT_RTX, "1.7.1", 86)
+    assert plan_key(data, s, TENSORRT, "10.13.0", 75) == plan_key(
+        data, dataclasses.replace(s, timing_cache=Path("/elsewhere/t4.timing")), TENSORRT, "10.13.0", 75)
+
+
 # -- profiles for a segment's own inputs ----------------------------------------------------------
 
 def test_segment_profiles_follow_its_inputs():
@@ -173,12 +187,18 @@ def test_segment_profile_errors_name_the_input():
         profiles_for(settings(), [("feat", (None, 64, None, None))])
     with pytest.raises(EngineError, match=r"profile for 'images' \[4, 3, 640, 640\].*\[\?, 3, 320, 320\]"):
         profiles_for(settings(), [("images", (None, 3, 320, 320))])
+    with pytest.raises(EngineError, match=r"profile for 'images' \[4, 3, 640, 640\] does not fit the segment's input "
+                                          r"\[\?, 3, 640\]"):
+        profiles_for(settings(), [("images", (None, 3, 640))])
 
 
 def test_segment_inputs_reads_names_and_dims(tmp_path):
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 8, 8])])
+    """An initializer an older exporter also lists as a graph input is a weight, not an input to profile."""
+    bias = onnx.numpy_helper.from_array(np.random.default_rng(7).normal(size=(1, 3, 1, 1)).astype(np.float32), "bias")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "bias"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8]),
+                               helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 3, 1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 8, 8])], [bias])
     onnx.save(helper.make_model(graph), tmp_path / "seg.onnx")
     assert segment_inputs(tmp_path / "seg.onnx") == [("x", (None, 3, 8, 8))]
 
@@ -196,8 +216,22 @@ def test_settings_reject_bad_values_by_field():
         InputProfile("images", (4, 3), (2, 3), (8, 3))
 
 
+@pytest.mark.parametrize("make, says", [
+    (lambda: InputProfile("images", (1, 3), (2, 3), (4, 3, 1)), r"'images': min/opt/max have different ranks"),
+    (lambda: InputProfile("images", (0, 3), (1, 3), (2, 3)), r"dim 0 needs 1 <= min <= opt <= max, got 0, 1, 2"),
+    (lambda: InputProfile("images", (1, 3), (4, 3), (2, 3)), r"dim 0 needs 1 <= min <= opt <= max, got 1, 4, 2"),
+    (lambda: settings(optimization_level=-1), r"engine.optimization_level: must be 0..5, got -1"),
+    (lambda: settings(workspace_bytes=0), r"engine.workspace: must be a positive number of bytes, got 0"),
+    (lambda: settings(profiles=(IMAGES, IMAGES)), r"engine profiles name an input twice: \['images', 'images'\]"),
+    (lambda: settings(precision="fp8"), r"engine.precision: must be one of fp32, .*got 'fp8'"),
+], ids=["ranks", "min-0", "opt-above-max", "level", "workspace", "twice", "precision"])
+def test_settings_and_profiles_outside_what_tensorrt_takes_are_refused(make, says):
+    with pytest.raises(SpecError, match=says):
+        make()
+
+
 def test_settings_json_round_trip_and_digest():
-    s = settings(hardware_compatibility="ampere_plus")
+    s = settings(hardware_compatibility="ampere_plus", strongly_typed=False, tf32=True)
     assert EngineSettings.from_dict(json.loads(s.to_json())) == s
     assert s.digest() != settings(optimization_level=4).digest()
     with pytest.raises(SpecError, match="format"):
