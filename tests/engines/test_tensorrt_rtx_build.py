@@ -11,10 +11,13 @@ import onnx
 import pytest
 from tiny_segments import conv_relu_conv
 
+from deepjit_compiler.engines import worker
+
 trt_rtx = pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX (pip install deepjit[tensorrt-rtx]); "
                                                      "the mapping is covered by test_tensorrt_config.py")
 
 from deepjit_compiler.engines import (  # noqa: E402
+    TENSORRT,
     TENSORRT_RTX,
     Decision,
     EngineSettings,
@@ -26,7 +29,7 @@ from deepjit_compiler.engines import (  # noqa: E402
 from deepjit_compiler.engines import plans as plans_mod  # noqa: E402
 from deepjit_compiler.engines.plans import build_engine, plan_key  # noqa: E402
 from deepjit_compiler.engines.tensorrt import build_plan, parse_network, plan_refusal  # noqa: E402
-from deepjit_compiler.errors import EngineError, SpecError  # noqa: E402
+from deepjit_compiler.errors import EngineError, MissingDependency, SpecError  # noqa: E402
 from deepjit_compiler.jit.cache import KernelCache  # noqa: E402
 from deepjit_compiler.precision.rewrite import apply_precision  # noqa: E402
 from deepjit_compiler.spec.targets import TENSORRT_RTX_SM  # noqa: E402
@@ -69,6 +72,7 @@ def test_a_plan_for_sm75_is_built_here_without_a_gpu(tmp_path):
     assert info.build_seconds > 0 and not info.from_cache
     record = info.to_record()
     assert "build_seconds" not in record and "from_cache" not in record  # timings stay out of the manifest
+    assert (record["key"], record["compute_capabilities"], record["profiles"]) == (info.key, ["7.5"], info.profiles)
     assert json.loads(art.settings_json)["built_with"] == {"tensorrt_rtx": trt_rtx.__version__}
     # Deserializing needs a GPU; what a CPU can check is that TensorRT-RTX reads it as one of its plans.
     assert "malformed" not in (plan_refusal(plan) or "")
@@ -128,12 +132,80 @@ def test_past_its_size_bound_the_plan_cache_drops_the_least_recently_used(tmp_pa
     assert build_engine(path, settings(), flavour=TENSORRT_RTX, cache_dir=cache).plan.from_cache
 
 
+# The build child with spies: on build_plan (what the child is asked to build with) and on CreateConfigRTX
+# (the real builder config TensorRT-RTX builds with, and the profile Polygraphy is handed); both call
+# through, so the plan is built as usual.
+SPY_CHILD = """
+import json, os
+from deepjit_compiler.engines import tensorrt as backend, worker
+seen = {}
+real_config, real_build = backend.CreateConfigRTX, worker.build_plan
+def spy_config(**kwargs):
+    loader = real_config(**kwargs)
+    def config(builder, network):
+        cfg = loader(builder, network)
+        trt = backend.TENSORRT_RTX.module
+        seen.update(workspace=cfg.get_memory_pool_limit(trt.MemoryPoolType.WORKSPACE),
+                    optimization_level=cfg.builder_optimization_level,
+                    compute_capabilities=[cfg.get_compute_capability(i).name
+                                          for i in range(cfg.num_compute_capabilities)],
+                    profiles=[{n: [list(p[n].min), list(p[n].opt), list(p[n].max)] for n in p.keys()}
+                              for p in kwargs.get("profiles", [])])
+        return cfg
+    return config
+def spy_build(path, settings, flavour, *, timing_cache=None, segment_name=None):
+    seen.update(timing_cache=timing_cache, segment_name=segment_name, precision=settings.precision)
+    out = real_build(path, settings, flavour, timing_cache=timing_cache, segment_name=segment_name)
+    with open(os.environ["DEEPJIT_TEST_SPY"], "w") as f:
+        json.dump(seen, f)
+    return out
+backend.CreateConfigRTX, worker.build_plan = spy_config, spy_build
+""" + worker._CHILD
+
+
+def test_the_engine_settings_reach_the_builder_config(tmp_path, monkeypatch):
+    """Workspace, optimization level, compute capability and the profile, through the build child, as the
+    TensorRT-RTX builder config holds them (values unlike the defaults); the child is handed the timing
+    cache and the segment's name too (TensorRT-RTX itself times nothing)."""
+    monkeypatch.setattr(worker, "_CHILD", SPY_CHILD)
+    monkeypatch.setenv("DEEPJIT_TEST_SPY", str(tmp_path / "seen.json"))
+    profile = InputProfile("images", (2, 3, 32, 32), (3, 3, 32, 32), (5, 3, 32, 32))
+    s = settings(workspace_bytes=3 * 2**26, optimization_level=2, target_sm=86, profiles=(profile,), precision="fp16")
+    art = build_engine(save(segment(), tmp_path), s, flavour=TENSORRT_RTX, cache_dir=tmp_path / "cache",
+                       timing_cache=tmp_path / "t.timing", segment_name="head")
+    assert json.loads((tmp_path / "seen.json").read_text()) == {
+        "workspace": 3 * 2**26, "optimization_level": 2, "compute_capabilities": ["SM86"],
+        "profiles": [{"images": [[2, 3, 32, 32], [3, 3, 32, 32], [5, 3, 32, 32]]}],
+        "timing_cache": str(tmp_path / "t.timing"), "segment_name": "head", "precision": "fp16"}
+    assert art.plan.compute_capabilities == ("8.6",) and len(art.files["head.rtx.plan"]) > 10_000
+
+
+def test_a_segment_fed_by_an_internal_tensor_builds_with_the_specs_batch_range(tmp_path):
+    """A second segment's input (here 'feat', dynamic batch) has no profile of its own in the spec: it takes
+    the batch range of the spec's first input."""
+    model = segment()
+    model.graph.input[0].name = "feat"
+    model.graph.node[0].input[0] = "feat"
+    art = build_engine(save(model, tmp_path), settings(), flavour=TENSORRT_RTX, cache_dir=tmp_path / "cache")
+    assert art.plan.profiles == {"feat": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}
+    assert [t["name"] for t in art.plan.inputs] == ["feat"]
+
+
+def test_an_error_the_build_child_raises_comes_back_as_its_own_class(tmp_path):
+    """The child cannot import TensorRT here: the parent raises the child's MissingDependency, with its words."""
+    if TENSORRT.importable():
+        pytest.skip("TensorRT is installed here: the child would build")
+    with pytest.raises(MissingDependency, match=r"building TensorRT engines needs TensorRT: install deepjit\[tensorrt\]"):
+        worker.build_in_child(save(segment(), tmp_path), settings(backend="tensorrt"), TENSORRT)
+
+
 def test_engine_from_segment_builds_what_the_decision_says(tmp_path):
     s = settings(backend="auto")
     decision = select_backend(s, tensorrt_importable=False, device_sm=None, rtx_sms=rtx_sms())
     assert decision == Decision("tensorrt-rtx", False, decision.reason) and "no GPU needed" in decision.reason
     art = engine_from_segment("segment", segment(), s, decision, workdir=tmp_path, cache_dir=tmp_path / "cache")
     assert art.plan.file == "segment.rtx.plan" and art.plan.network_layers == 3
+    assert KernelCache(tmp_path / "cache" / "plans").folder(art.plan.key).is_dir()  # the cache it was given
 
 
 def test_targets_it_does_not_support_are_refused(tmp_path):
