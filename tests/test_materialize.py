@@ -43,6 +43,15 @@ def test_nothing_to_materialize(bundle):
         materialize_bundle(bundle)
 
 
+def test_a_segment_without_its_onnx_is_refused_naming_it(bundle):
+    """A plan is built from the segment's ONNX: a manifest that lists none for a segment has nothing to build from."""
+    record = dict(read_bundle(bundle).manifest["engine"])
+    plans_only = {name: [f for f in files if not f.endswith(".onnx")] for name, files in record["segments"].items()}
+    update_bundle(bundle, {}, {"engine": {**record, "deferred": True, "plans": {}, "segments": plans_only}})
+    with pytest.raises(BundleError, match=r"segment 'segment' carries no ONNX to build a plan from"):
+        materialize_bundle(bundle)
+
+
 class _Built(Exception):
     """Stops materialize where the engine build would start (needs TensorRT and the target GPU)."""
 

@@ -13,7 +13,7 @@ from conftest import YOLOV8N_T4
 from deepjit_compiler import config, stagecache
 from deepjit_compiler.build import build_pipeline
 from deepjit_compiler.errors import DeepJITError
-from deepjit_compiler.stagecache import StageCache, arrays_digest, level_from_record, level_record
+from deepjit_compiler.stagecache import StageCache, arrays_digest, folder_digest, level_from_record, level_record
 from deepjit_compiler.validation.gate import LevelResult, OutputResult
 
 MATERIAL = {"plan": "ab" * 32, "model": "cd" * 32, "seed": 0}
@@ -45,6 +45,39 @@ def test_the_toolchain_digest_covers_deepjits_own_source(tmp_path, monkeypatch):
         assert stagecache.toolchain_digest() != digest
     finally:
         stagecache.toolchain_digest.cache_clear()
+
+
+def test_the_toolchain_digest_covers_the_libraries_versions(monkeypatch):
+    """Another ONNX Runtime (or NumPy, ...) may compute the levels differently: its results are not reused."""
+    stagecache.toolchain_digest.cache_clear()
+    try:
+        digest = stagecache.toolchain_digest()
+        real = stagecache.metadata.version
+        monkeypatch.setattr(stagecache.metadata, "version", lambda d: "0.0.1" if d == "onnxruntime" else real(d))
+        stagecache.toolchain_digest.cache_clear()
+        assert stagecache.toolchain_digest() != digest
+    finally:
+        stagecache.toolchain_digest.cache_clear()
+
+
+def test_feeds_digest_sees_every_batch_and_the_names():
+    rng = np.random.default_rng(5)
+    a, b = (rng.uniform(0, 1, (1, 3, 4, 4)).astype(np.float32) for _ in range(2))
+    base = arrays_digest([{"images": a}, {"images": b}])
+    assert arrays_digest([{"images": a}, {"images": b + np.float32(0.5)}]) != base  # the second batch counts too
+    assert arrays_digest([{"image": a}, {"image": b}]) != base
+
+
+def test_the_data_folder_digest_sees_names_and_bytes(tmp_path):
+    rng = np.random.default_rng(6)
+    (tmp_path / "calib").mkdir()
+    (tmp_path / "calib" / "a.npy").write_bytes(rng.bytes(64))
+    base = folder_digest(tmp_path / "calib")
+    (tmp_path / "calib" / "a.npy").rename(tmp_path / "calib" / "b.npy")
+    renamed = folder_digest(tmp_path / "calib")
+    (tmp_path / "calib" / "b.npy").write_bytes(rng.bytes(64))
+    assert len({base, renamed, folder_digest(tmp_path / "calib")}) == 3
+    assert folder_digest(None) is None and folder_digest(tmp_path / "calib" / "b.npy") is None  # no folder
 
 
 def test_feeds_digest_sees_values_dtypes_and_shapes():
