@@ -3,9 +3,13 @@ ignored, and the level ran on the defaults the user meant to replace)."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from conftest import YOLOV8N_T4, run_cli
+
+from deepjit_compiler.errors import SpecError
+from deepjit_compiler.validation.names import check_names
 
 RANGES = "ranges: {images: [0.0, 1.0]}"
 OUTPUT0 = "      output0: {atol: 2.0e-2, rtol: 1.0e-2}"
@@ -57,3 +61,27 @@ def test_a_tolerance_for_a_pipeline_input_is_refused(write_spec):
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2, r.stderr
     assert "validation.tolerances.outputs.images: 'images' is not one of the tensors the levels compare" in r.stderr
+
+
+def _tensors(*names: str) -> tuple[SimpleNamespace, ...]:
+    return tuple(SimpleNamespace(name=n) for n in names)
+
+
+@pytest.mark.parametrize("ranged, refused", [("images", False), ("head", False), ("feat", True)])
+def test_random_data_feeds_every_engine_segments_inputs(ranged, refused):
+    """images -> segment_0 -> feat -> kernel -> head -> segment_1 -> y: random data feeds images and, for the
+    engine level and calibration, each segment's own input (head), never a kernel's alone (feat)."""
+    segments = (SimpleNamespace(inputs=_tensors("images"), outputs=_tensors("feat")),
+                SimpleNamespace(inputs=_tensors("head"), outputs=_tensors("y")))
+    plan = SimpleNamespace(inputs=_tensors("images"), segments=segments, outputs=_tensors("y"),
+                           steps=(segments[0], SimpleNamespace(outputs=_tensors("head")), segments[1]))
+    no_outputs = SimpleNamespace(outputs={})
+    validation = SimpleNamespace(data=SimpleNamespace(random=SimpleNamespace(ranges={ranged: (0.0, 1.0)})),
+                                 tolerances=no_outputs, precision_tolerances=no_outputs)
+    loaded = SimpleNamespace(spec=SimpleNamespace(validation=validation), path="spec.yaml")
+    if not refused:
+        check_names(loaded, plan, ())
+        return
+    with pytest.raises(SpecError, match=r"^spec.yaml: validation.data.random.ranges.feat: 'feat' is not one of the "
+                                        r"tensors random data feeds.*: images, head$"):
+        check_names(loaded, plan, ())
