@@ -4,14 +4,18 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import os
 import random
+import stat
 import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import within
 
-from deepjit_compiler.bundle.archive import pack, pack_to, safe_extract
+import deepjit_compiler.bundle.archive as archive
+from deepjit_compiler.bundle.archive import archived_manifest, pack, pack_to, safe_extract
 from deepjit_compiler.errors import BundleError
 from deepjit_compiler.files import replace_dir
 
@@ -58,9 +62,10 @@ def test_pack_headers_are_normalised(tmp_path):
     files = _contents(4)
     root = _write_tree(tmp_path / "t", files, reverse=True, seed=5)
     os.chmod(root / "empty.bin", 0o700)
+    os.chmod(root / "manifest.json", 0o645)  # executable by others only: still executable
     data = pack(root)
-    # gzip header: FLG has no FNAME bit, MTIME is zero.
-    assert data[:2] == b"\x1f\x8b" and not data[3] & 0x08 and data[4:8] == b"\0\0\0\0"
+    # gzip header: FLG has no FNAME bit, MTIME is zero, XFL says maximum compression (level 9).
+    assert data[:2] == b"\x1f\x8b" and not data[3] & 0x08 and data[4:8] == b"\0\0\0\0" and data[8] == 2
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = tar.getmembers()
         names = [m.name for m in members]
@@ -68,7 +73,7 @@ def test_pack_headers_are_normalised(tmp_path):
         for m in members:
             assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "", "")
             assert m.isreg()
-            assert m.mode == (0o755 if m.name == "empty.bin" else 0o644)
+            assert m.mode == (0o755 if m.name in ("empty.bin", "manifest.json") else 0o644)
             assert tar.extractfile(m).read() == files[m.name]
 
 
@@ -86,6 +91,13 @@ def test_pack_refuses_links(tmp_path):
     (root / "kernels" / "link.cu").symlink_to(root / "kernels" / "decode" / "decode.cu")
     with pytest.raises(BundleError, match="kernels/link.cu.*symbolic link"):
         pack(root)
+
+
+def test_pack_refuses_special_files(tmp_path):
+    root = _write_tree(tmp_path / "t", _contents(20), reverse=False, seed=21)
+    os.mkfifo(root / "kernels" / "pipe")
+    with pytest.raises(BundleError, match="'kernels/pipe' is not a regular file; bundles hold regular files only"):
+        within(10, lambda: pack(root), root / "kernels" / "pipe")
 
 
 def test_safe_extract_round_trip(tmp_path):
@@ -111,13 +123,15 @@ def test_safe_extract_takes_an_archive_made_by_tar_of_the_folders_dot(tmp_path):
     assert _read_tree(tmp_path / "x") == files
 
 
-def _crafted(members: list[tuple[str, bytes, str]]) -> bytes:
-    """A tar.gz with (name, type, linkname-or-data) members, as an attacker would make it."""
+def _crafted(members: list[tuple[str, bytes, str]], modes: dict[str, int] | None = None) -> bytes:
+    """A tar.gz with (name, type, linkname-or-data) members, as an attacker would make it; `modes`
+    sets some members' permission bits."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, kind, extra in members:
             info = tarfile.TarInfo(name)
             info.type = kind
+            info.mode = (modes or {}).get(name, info.mode)
             if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):
                 info.linkname = extra
                 tar.addfile(info)
@@ -144,6 +158,10 @@ OK = ("ok.txt", tarfile.REGTYPE, "fine")
     ([OK, ("fifo", tarfile.FIFOTYPE, "")], "'fifo' is a device, fifo"),
     ([OK, ("ok.txt", tarfile.REGTYPE, "again")], "'ok.txt' appears twice"),
     ([OK, ("./ok.txt", tarfile.REGTYPE, "again")], "'ok.txt' appears twice"),
+    ([OK, ("d/x.txt", tarfile.REGTYPE, "x"), ("d", tarfile.REGTYPE, "y")], "'d' appears twice or clashes with a folder"),
+    ([OK, ("d", tarfile.DIRTYPE, ""), ("d", tarfile.REGTYPE, "y")], "'d' appears twice or clashes with a folder"),
+    ([OK, (".", tarfile.REGTYPE, "x")], "has an empty name"),
+    ([OK, ("a\\b.txt", tarfile.REGTYPE, "x")], "has a NUL or backslash in its name"),
     ([OK, ("OK.txt", tarfile.REGTYPE, "case")], "differ only by case"),
     ([OK, ("ok.txt/inner", tarfile.REGTYPE, "x")], "under 'ok.txt', which is a file"),
 ])
@@ -174,12 +192,79 @@ def test_safe_extract_refuses_damaged_archives(tmp_path, damage):
 
 def test_safe_extract_refuses_a_non_empty_destination(tmp_path):
     data = pack(_write_tree(tmp_path / "t", _contents(14), reverse=False, seed=15))
+    (tmp_path / "a-file").write_text("keep me")
+    with pytest.raises(BundleError, match="a-file: exists and is not an empty folder"):
+        safe_extract(data, tmp_path / "a-file")
+    assert (tmp_path / "a-file").read_text() == "keep me"
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "mine.txt").write_text("keep me")
     with pytest.raises(BundleError, match="not an empty folder"):
         safe_extract(data, dest)
     assert _read_tree(dest) == {"mine.txt": b"keep me"}
+
+
+def test_safe_extract_keeps_only_the_executable_bit(tmp_path):
+    """A member's setuid, world-writable or private mode does not travel: 0o755 if executable, else 0o644."""
+    modes = {"run.sh": 0o4777, "private.bin": 0o600, "shared.bin": 0o666, "tool": 0o701}
+    safe_extract(_crafted([(n, tarfile.REGTYPE, n) for n in modes], modes), tmp_path / "x")
+    got = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "x").iterdir()}
+    assert got == {"run.sh": 0o755, "private.bin": 0o644, "shared.bin": 0o644, "tool": 0o755}
+
+
+def test_safe_extract_stops_past_exactly_max_bytes(tmp_path):
+    files = _contents(22)
+    data = pack(_write_tree(tmp_path / "t", files, reverse=False, seed=23))
+    total = sum(len(v) for v in files.values())
+    (tmp_path / "work").mkdir()
+    with pytest.raises(BundleError, match=f"holds more than the {total - 1} bytes its bundle declares"):
+        safe_extract(data, tmp_path / "work" / "x", max_bytes=total - 1)
+    assert list((tmp_path / "work").iterdir()) == []
+    assert safe_extract(data, tmp_path / "y", max_bytes=total) == sorted(files)
+
+
+def test_safe_extract_refuses_a_gzip_stream_that_goes_on_past_its_members(tmp_path, monkeypatch):
+    """Zeros after the tar's end are inflated too (to check the gzip CRC), but only so far."""
+    monkeypatch.setattr(archive, "_TRAILER_SLACK", 1 << 16)
+    tar = gzip.decompress(pack(_write_tree(tmp_path / "t", _contents(24), reverse=False, seed=25)))
+    padded = gzip.compress(tar + bytes(1 << 20), mtime=0)
+    (tmp_path / "work").mkdir()
+    with pytest.raises(BundleError, match="the archive goes on past its members"):
+        safe_extract(padded, tmp_path / "work" / "x", max_bytes=len(tar))
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_safe_extract_bounds_an_archive_of_undeclared_size_by_its_own_size(tmp_path, monkeypatch):
+    """Without a declared size (a .tar.gz given to read_bundle), a hundred times the archive's size is the bound."""
+    monkeypatch.setattr(archive, "_TRAILER_SLACK", 1 << 16)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = 8 << 20  # about 8 kB compressed: 1000 : 1
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    data = buf.getvalue()
+    (tmp_path / "work").mkdir()
+    with pytest.raises(BundleError, match=f"holds more than the {100 * len(data) + (1 << 16)} bytes"):
+        safe_extract(data, tmp_path / "work" / "x")
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+@pytest.mark.parametrize("manifest", [{"name": "my web app"}, ["digest", "files"], {"digest": "sha256:0"}])
+def test_archived_manifest_is_none_for_a_manifest_no_bundle_has(tmp_path, manifest):
+    root = _write_tree(tmp_path / "t", {"manifest.json": json.dumps(manifest).encode(), "a.bin": b"a"},
+                       reverse=False, seed=26)
+    (tmp_path / "t.tar.gz").write_bytes(pack(root))
+    assert archived_manifest(tmp_path / "t.tar.gz") is None
+
+
+def test_archived_manifest_reads_a_bundles_manifest_up_to_max_bytes(tmp_path):
+    manifest = {"digest": "sha256:" + "ab" * 32, "files": {"a.bin": {"sha256": "cd" * 32, "size": 1}}}
+    text = json.dumps(manifest).encode()
+    root = _write_tree(tmp_path / "t", {"manifest.json": text, "a.bin": b"a"}, reverse=False, seed=27)
+    (tmp_path / "t.tar.gz").write_bytes(pack(root))
+    assert archived_manifest(tmp_path / "t.tar.gz") == manifest
+    assert archived_manifest(tmp_path / "t.tar.gz", max_bytes=len(text)) == manifest
+    assert archived_manifest(tmp_path / "t.tar.gz", max_bytes=len(text) - 1) is None
 
 
 def test_replace_dir_swaps_a_folder_and_leaves_nothing_behind(tmp_path):
