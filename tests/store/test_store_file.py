@@ -20,6 +20,7 @@ from deepjit_compiler.bundle.folder import declared_size, read_bundle, write_bun
 from deepjit_compiler.errors import BundleError, StoreError
 from deepjit_compiler.store import Ref, open_store, parse_ref
 from deepjit_compiler.store.file import FileStore
+from deepjit_compiler.store.refs import level_statuses
 
 HEX = "ab" * 32
 
@@ -49,10 +50,20 @@ def tree(root: Path) -> dict[str, bytes]:
     ("oci://localhost/yolo", Ref("oci://localhost/yolo")),
     (f"oci://registry.example.com/a/b-c@sha256:{HEX}", Ref("oci://registry.example.com/a/b-c", None, f"sha256:{HEX}")),
     ("oci://[::1]:5000/yolo:t", Ref("oci://[::1]:5000/yolo", "t")),
+    ("file:///srv/store:" + "v" * 128, Ref("file:///srv/store", "v" * 128)),  # the longest tag OCI allows
 ])
 def test_parse_ref_and_str_round_trip(text, expected):
     assert parse_ref(text) == expected
     assert str(parse_ref(text)) == text
+
+
+def test_level_statuses_are_in_run_order_with_other_levels_last():
+    levels = {"zeta": {"status": "passed"}, "engine": {"status": "not_run"}, "graph": {"status": "failed"},
+              "kernels": {}, "alpha": {"status": "passed"}, "precision": "passed"}
+    assert list(level_statuses({"validation": {"levels": levels}}).items()) == [
+        ("graph", "failed"), ("kernels", "unknown"), ("engine", "not_run"), ("alpha", "passed"), ("zeta", "passed")]
+    for junk in (None, ["validation"], {"validation": []}, {"validation": {"levels": "graph"}}):
+        assert level_statuses(junk) == {}
 
 
 def test_relative_and_bare_refs(tmp_path, monkeypatch):
@@ -73,6 +84,10 @@ def test_relative_and_bare_refs(tmp_path, monkeypatch):
     ("http://host/repo:v1", "unknown scheme 'http://'"),
     ("team/yolo:v1", "has no scheme"),
     ("oci://h:1/r@sha256:xyz", "is not a digest"),
+    (f"oci://h:1/r@sha256:{HEX.upper()}", "is not a digest"),
+    ("file:///srv/store:" + "v" * 129, "is not valid: use letters, digits, '_', '.' and '-' \\(at most 128"),
+    ("file://:v1", "names no folder"),
+    ("localhost:5000", "has no scheme"),
     (f"oci://h:1/r:v1@sha256:{HEX}", "names a tag and a digest: give one"),
     (f"file:///srv/store:v1@sha256:{HEX}", "names a tag and a digest: give one"),
     (f"v1@sha256:{HEX}", "names a tag and a digest: give one"),  # the digest was ignored by push
@@ -93,6 +108,15 @@ def test_push_pull_round_trip(tmp_path):
     assert tree(out) == tree(info.path)
     by_digest = store.pull(result.pinned, tmp_path / "pinned")
     assert read_bundle(by_digest).digest == info.digest
+
+
+def test_push_needs_a_tag_and_pull_a_tag_or_digest(tmp_path):
+    info = make_bundle(tmp_path / "b", 2)
+    with pytest.raises(StoreError, match=f"reference 'file://{tmp_path}/store' has no tag; push needs one"):
+        store.push(info.path, f"file://{tmp_path}/store")
+    with pytest.raises(StoreError, match="has neither tag nor digest"):
+        store.pull(f"file://{tmp_path}/store", tmp_path / "p")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.tar.gz"]
 
 
 def test_pull_from_a_tarball_push_and_default_destination(tmp_path, monkeypatch):
