@@ -125,6 +125,9 @@ def test_pull_from_a_tarball_push_and_default_destination(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert store.pull(f"file://{tmp_path}/store:from-tar") == Path("from-tar")
     assert tree(tmp_path / "from-tar") == tree(info.path)
+    hex12 = info.digest.removeprefix("sha256:")[:12]
+    assert store.pull(f"file://{tmp_path}/store@{info.digest}") == Path(f"bundle-{hex12}")
+    assert tree(tmp_path / f"bundle-{hex12}") == tree(info.path)
 
 
 def test_ls_lists_tags_in_order_with_name_digest_and_size(tmp_path):
@@ -271,12 +274,16 @@ def test_a_refused_push_writes_no_blob(tmp_path):
 def test_a_bundle_its_gate_rejected_is_pushed_only_with_force(tmp_path):
     files = {"x.bin": b"1"}
     rejected = write_bundle(tmp_path / "r", files, {"name": "r", "validation": {"levels": {
-        "graph": {"status": "passed"}, "precision": {"status": "failed", "reason": "too far"}}}})
+        "graph": {"status": "passed"}, "precision": {"status": "failed", "reason": "too far"},
+        "engine": {"status": "not_run", "reason": "no TensorRT"}}}})
     url = f"file://{tmp_path / 'store'}"
     with pytest.raises(StoreError, match=r"its accuracy gate rejected this bundle \(precision failed\).*--force"):
         store.push(rejected.path, f"{url}:v1")
     assert not (tmp_path / "store").exists()
     assert store.push(rejected.path, f"{url}:v1", force=True).digest == rejected.digest
+    unchecked = write_bundle(tmp_path / "u", files, {"name": "u", "validation": {"levels": {
+        "engine": {"status": "not_run", "reason": "no TensorRT"}}}})
+    assert store.push(unchecked.path, f"{url}:v2").digest == unchecked.digest  # a level that did not run: no gate
 
 
 def test_one_corrupt_tag_file_does_not_break_ls(tmp_path, caplog):
