@@ -160,6 +160,9 @@ def test_refuses_files_that_clash(tmp_path, sample):
         write_bundle(tmp_path / "b", {**files, "segments/backbone.onnx/x": b"x"}, manifest)
     with pytest.raises(BundleError, match="differ only by case"):
         write_bundle(tmp_path / "b", {**files, "Segments/backbone.onnx": b"x"}, manifest)
+    with pytest.raises(BundleError, match="'notes/a/b.txt' would be inside 'notes', which is a file"):
+        write_bundle(tmp_path / "b", {**files, "notes": b"x", "notes/a/b.txt": b"y"}, manifest)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_refuses_absolute_paths_of_this_machine_in_the_manifest(tmp_path, sample):
@@ -180,6 +183,7 @@ def test_refuses_absolute_paths_of_this_machine_in_the_manifest(tmp_path, sample
 @pytest.mark.parametrize("extra, message", [
     ({"digest": "sha256:" + "0" * 64}, "written by DeepJIT"),
     ({"files": {}}, "written by DeepJIT"),
+    ({"schema_version": 2}, r"\['schema_version'\] are written by DeepJIT"),
     ({"err": float("nan")}, "'err'.*finite"),
     ({"x": {"y": [1, object()]}}, r"'x.y\[1\]'.*not JSON"),
     ({"x": {3: "a"}}, "key 3 is not a string"),
@@ -323,6 +327,28 @@ def test_write_bundle_replaces_a_bundle_but_not_other_folders(tmp_path, sample):
     with pytest.raises(BundleError, match="not a DeepJIT bundle; refusing to replace"):
         write_bundle(precious, files, manifest)
     assert (precious / "notes.txt").read_text() == "mine"
+
+
+def test_write_bundle_fills_an_empty_folder_but_refuses_a_link_to_a_bundle(tmp_path, sample):
+    files, manifest = sample
+    (tmp_path / "empty").mkdir()
+    assert read_bundle(write_bundle(tmp_path / "empty", files, manifest).path).name == "tiny"
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    with pytest.raises(BundleError, match="link: exists and is not a DeepJIT bundle; refusing to replace it"):
+        write_bundle(tmp_path / "link", {"only.bin": b"1"}, manifest, archive=False)
+    assert (tmp_path / "link").is_symlink() and read_bundle(tmp_path / "link").files.keys() == files.keys()
+
+
+def test_bundle_files_are_readable_by_all_whatever_the_umask(tmp_path, sample):
+    """A bundle is deployed by another user than the one who built it: 0o644 for every file."""
+    files, manifest = sample
+    previous = os.umask(0o077)
+    try:
+        info = write_bundle(tmp_path / "b", files, manifest, archive=False)
+    finally:
+        os.umask(previous)
+    modes = {p.relative_to(info.path).as_posix(): p.stat().st_mode & 0o777 for p in info.path.rglob("*") if p.is_file()}
+    assert modes == {rel: 0o644 for rel in [*files, "manifest.json"]}
 
 
 def test_unpack_bundle_checks_the_expected_digest(tmp_path, sample):
