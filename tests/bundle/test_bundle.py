@@ -533,6 +533,20 @@ def test_an_archive_never_replaces_a_users_file_or_symlink(tmp_path, sample, kin
     assert not (tmp_path / "b").exists() and tar.is_symlink() == (kind != "file") and tar.read_bytes() == before
 
 
+def test_an_archive_never_replaces_a_dangling_symlink_or_a_folder(tmp_path, sample):
+    files, manifest = sample
+    tar = tmp_path / "b.tar.gz"
+    tar.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(BundleError, match=r"b\.tar\.gz: is a symlink; refusing to replace it"):
+        write_bundle(tmp_path / "b", files, manifest)
+    assert tar.is_symlink() and not (tmp_path / "b").exists()
+    tar.unlink()
+    (tar / "mine").mkdir(parents=True)
+    with pytest.raises(BundleError, match=r"b\.tar\.gz: is a folder; the bundle archive needs that name"):
+        write_bundle(tmp_path / "b", files, manifest, archive=False)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["b.tar.gz", "mine"]
+
+
 def test_an_archive_replaces_a_bundle_archive_and_update_keeps_a_users_file(tmp_path, sample):
     files, manifest = sample
     write_bundle(tmp_path / "b", files, {**manifest, "name": "other"})
