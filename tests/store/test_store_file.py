@@ -119,6 +119,14 @@ def test_push_needs_a_tag_and_pull_a_tag_or_digest(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "b.tar.gz"]
 
 
+def test_push_moves_a_tag_holding_other_content_only_with_force(tmp_path):
+    a, b = make_bundle(tmp_path / "a", 3), make_bundle(tmp_path / "b", 4)
+    store.push(a.path, f"file://{tmp_path}/store:v1")
+    with pytest.raises(StoreError, match=f"tag 'v1' already holds {a.digest}, not this bundle"):
+        store.push(b.path, f"file://{tmp_path}/store:v1")
+    assert store.push(b.path, f"file://{tmp_path}/store:v1", force=True).digest == b.digest
+
+
 def test_pull_from_a_tarball_push_and_default_destination(tmp_path, monkeypatch):
     info = make_bundle(tmp_path / "b", 2)
     store.push(info.archive, f"file://{tmp_path}/store:from-tar")

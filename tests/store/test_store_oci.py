@@ -25,6 +25,7 @@ from deepjit_compiler import store
 from deepjit_compiler.bundle.folder import read_bundle, write_bundle
 from deepjit_compiler.errors import DeepJITError, StoreError
 from deepjit_compiler.store import open_store
+from deepjit_compiler.store.auth import origin, realm_url
 from deepjit_compiler.store.oci import (
     ANN_DIGEST,
     ARTIFACT_TYPE,
@@ -216,6 +217,26 @@ def test_unreachable_registry_fails_fast(tmp_path):
 
 
 # ---------------------------------------------------------------------------- credentials
+@pytest.mark.parametrize("challenge, realm", [
+    ('Bearer realm="https://auth.example/token",service="r"', "https://auth.example/token"),
+    ('Bearer service="r", realm="https://auth.example/token"', "https://auth.example/token"),
+    ('Bearer realm="auth.example:5001/token"', "http://auth.example:5001/token"),  # oras adds the scheme
+    ('Basic charset="UTF-8"', None),
+])
+def test_the_token_realm_is_judged_as_the_url_oras_requests(challenge, realm):
+    assert realm_url(challenge, "http") == realm
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("https://Registry.example/v2/", ("https", "registry.example", 443)),
+    ("http://127.0.0.1/v2/", ("http", "127.0.0.1", 80)),
+    ("http://[::1]:5000/v2/", ("http", "::1", 5000)),
+    ("http://registry.example:99999/v2/", None),
+])
+def test_an_origin_is_scheme_host_and_port_with_the_default_filled_in(url, expected):
+    assert origin(url) == expected
+
+
 def test_a_registry_that_needs_credentials_says_how_to_give_them(auth_registry_server, tmp_path, monkeypatch):
     info = make_bundle(tmp_path / "a", 140)
     ref = f"{fresh_repo(auth_registry_server)}:v1"
