@@ -232,6 +232,23 @@ def test_read_bundle_refuses_tampered_bundles(tmp_path, sample, tamper, message)
         read_bundle(info.path)
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: [m], "manifest.json is not a JSON object"),
+    (lambda m: {**m, "files": list(m["files"])}, "manifest.json has no 'files' object"),
+    (lambda m: {**m, "files": {**m["files"], "../outside.bin": {"sha256": "ab" * 32, "size": 1}}},
+     r"'\.\./outside.bin' has an empty, '\.' or '\.\.' component"),
+    (lambda m: {**m, "files": {**m["files"], "kernels/k.ptx": {"sha256": "ab" * 32, "size": -1}}},
+     r"files\['kernels/k.ptx'\] needs 'sha256' \(64 hex digits\) and 'size'"),
+    (lambda m: {**m, "files": {**m["files"], "kernels/k.ptx": {"sha256": "ab", "size": 1}}},
+     r"files\['kernels/k.ptx'\] needs 'sha256' \(64 hex digits\) and 'size'"),
+])
+def test_read_bundle_names_what_is_wrong_with_a_malformed_manifest(tmp_path, sample, edit, message):
+    info = write_bundle(tmp_path / "b", *sample, archive=False)
+    (info.path / "manifest.json").write_text(json.dumps(edit(info.manifest)))
+    with pytest.raises(BundleError, match=message):
+        read_bundle(info.path)
+
+
 def test_read_bundle_refuses_a_manifest_whose_file_hash_was_also_forged(tmp_path, sample):
     files, manifest = sample
     info = write_bundle(tmp_path / "b", files, manifest)
