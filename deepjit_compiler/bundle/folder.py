@@ -406,6 +406,16 @@ def declared_size(manifest: Mapping[str, Any]) -> int:
         len(manifest_bytes(manifest))
 
 
+def sealed_size(manifest: Any, digest: str) -> int | None:
+    """declared_size of `manifest` when it is the manifest sealed as `digest` (its digest field and its
+    content both say so), else None: an edited copy's sizes must not lift the gzip-bomb bound."""
+    try:
+        sealed = isinstance(manifest, dict) and manifest.get("digest") == digest == manifest_digest(manifest)
+    except (ValueError, RecursionError):  # NaN, inf or absurd nesting: no manifest DeepJIT wrote
+        return None
+    return declared_size(manifest) if sealed else None
+
+
 def unpack_bundle(archive: bytes | Path, dest: Path, *, expected_digest: str | None = None,
                   max_bytes: int | None = None) -> BundleView:
     """Extract a bundle archive into the folder `dest`, verify it (and that its digest is

@@ -22,8 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..bundle.archive import pack_to
-from ..bundle.folder import MANIFEST, check_replaceable, declared_size, read_bundle, unpack_bundle
-from ..bundle.manifest import manifest_digest
+from ..bundle.folder import MANIFEST, check_replaceable, read_bundle, sealed_size, unpack_bundle
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
 from ..files import atomic_write, cannot_write, read_regular, remove_old_temporaries
@@ -92,15 +91,14 @@ class FileStore(Store):
         not lift the gzip-bomb bound); else None, and the archive's own size bounds unpacking."""
         meta = self._meta(digest)
         try:
-            declared = json.loads(read_regular(meta, _MAX_META))
-            if isinstance(declared, dict) and declared.get("digest") == digest == manifest_digest(declared):
-                return declared_size(declared)
+            size = sealed_size(json.loads(read_regular(meta, _MAX_META)), digest)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, RecursionError):
-            pass
-        log.warning("%s: %s does not match %s; its sizes are ignored", self.url, meta.name, digest)
-        return None
+            size = None
+        if size is None:
+            log.warning("%s: %s does not match %s; its sizes are ignored", self.url, meta.name, digest)
+        return size
 
     def _tags_list(self) -> list[str]:
         if not self._tags.is_dir():

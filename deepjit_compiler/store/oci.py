@@ -40,7 +40,7 @@ import requests
 
 from .. import config
 from ..bundle.archive import pack_to, sha256_stream
-from ..bundle.folder import MANIFEST, check_replaceable, declared_size, read_bundle, unpack_bundle
+from ..bundle.folder import MANIFEST, check_replaceable, read_bundle, sealed_size, unpack_bundle
 from ..bundle.manifest import canonical_json
 from ..bundle.view import BundleView
 from ..errors import BundleError, StoreError, closest
@@ -375,12 +375,14 @@ class OciStore(Store):
                 config = json.loads(self._download(art.config, stage / "config.json").read_bytes())
             except (ValueError, RecursionError):
                 config = None
-            if not isinstance(config, dict) or config.get("digest") != art.bundle_digest:
-                raise StoreError(f"{self.url}: '{tag_or_digest}': the config blob's digest is not the "
-                                 f"annotated bundle digest {art.bundle_digest}; refused")
+            # Its sizes bound unpacking: only the sealed manifest's (a registry could lift them).
+            max_bytes = sealed_size(config, art.bundle_digest)
+            if max_bytes is None:
+                raise StoreError(f"{self.url}: '{tag_or_digest}': the config blob is not the sealed manifest of "
+                                 f"the bundle {art.bundle_digest} (its digest field or its content differs); refused")
             layer = self._download(art.layer, stage / "bundle.tar.gz")
             try:
-                unpack_bundle(layer, dest, expected_digest=art.bundle_digest, max_bytes=declared_size(config))
+                unpack_bundle(layer, dest, expected_digest=art.bundle_digest, max_bytes=max_bytes)
             except BundleError as e:
                 raise StoreError(f"{self.url}: refusing '{tag_or_digest}': the bundle failed verification: {e}") from None
         log.info("pulled %s from %s@%s into %s", art.bundle_digest, self.url, art.manifest_digest, dest)

@@ -379,6 +379,34 @@ def test_push_uploads_to_a_location_on_another_host_without_credentials(tmp_path
     assert authorized(storage) == [] and SECRET not in str(e.value)
 
 
+def artifact(info, config: bytes) -> tuple[bytes, dict[str, bytes]]:
+    """The OCI manifest a push of the bundle `info` writes, with `config` as its config blob, and the blobs."""
+    blobs = {f"sha256:{hashlib.sha256(data).hexdigest()}": data for data in (config, info.archive.read_bytes())}
+    config, layer = ({"mediaType": m, "digest": d, "size": len(blobs[d])}
+                     for m, d in zip((CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE), blobs))
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
+                           "config": config, "layers": [layer], "annotations": {ANN_DIGEST: info.digest}}).encode()
+    return manifest, blobs
+
+
+def test_pull_refuses_a_config_that_is_not_the_bundles_sealed_manifest(tmp_path):
+    """The config's sizes bound unpacking: a registry that lifts them (keeping the digest field) must not
+    let a gzip bomb through, so such a config is refused before the layer is unpacked."""
+    info = make_bundle(tmp_path / "b", 152)
+    lifted = {**info.manifest, "files": {rel: {**e, "size": 1 << 40} for rel, e in info.manifest["files"].items()}}
+    manifest, blobs = artifact(info, json.dumps(lifted).encode())
+
+    def answer(method, path, headers):
+        if "/manifests/" in path:
+            return 200, {"Content-Type": OCI_MANIFEST}, manifest
+        return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+
+    with fake_registry(answer) as registry:
+        with pytest.raises(StoreError, match=f"config blob is not the sealed manifest of the bundle {info.digest}"):
+            store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
+    assert not (tmp_path / "p").exists()
+
+
 def token_registry(me: dict, manifest: bytes, storage: str):
     """A token-auth registry whose realm is itself; its blobs redirect to `storage`, another host."""
     def answer(method, path, headers):
@@ -399,12 +427,7 @@ def test_pull_follows_blob_redirects_to_another_host_without_credentials(tmp_pat
     """Blob storage on another host is normal; one that asks for a token from its own realm (when
     oras renews its token) must get none of the registry's credentials."""
     info = make_bundle(tmp_path / "b", 151)
-    blobs = {f"sha256:{hashlib.sha256(data).hexdigest()}": data
-             for data in ((info.path / "manifest.json").read_bytes(), info.archive.read_bytes())}
-    config, layer = ({"mediaType": m, "digest": d, "size": len(blobs[d])}
-                     for m, d in zip((CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE), blobs))
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
-                           "config": config, "layers": [layer], "annotations": {ANN_DIGEST: info.digest}}).encode()
+    manifest, blobs = artifact(info, (info.path / "manifest.json").read_bytes())
 
     def storage_answer(method, path, headers):
         if storage_says == "here":
