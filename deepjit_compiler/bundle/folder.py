@@ -60,7 +60,8 @@ def _check_rel(path: Any, where: str) -> str:
     if not isinstance(path, str) or not path:
         raise BundleError(f"{where}: {path!r} is not a bundle path (a non-empty relative POSIX path)")
     if path.startswith("/") or "\\" in path or "\x00" in path:
-        raise BundleError(f"{where}: '{path}' is absolute or has a backslash; bundle paths are relative POSIX paths")
+        raise BundleError(f"{where}: '{path}' is absolute or has a backslash or NUL; bundle paths are relative "
+                          "POSIX paths")
     if any(part in ("", ".", "..") for part in path.split("/")):
         raise BundleError(f"{where}: '{path}' has an empty, '.' or '..' component; bundle paths stay inside the bundle")
     if path == MANIFEST:

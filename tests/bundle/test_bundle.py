@@ -145,6 +145,7 @@ def test_two_builds_give_byte_identical_bundles(tmp_path, sample):
     ("a//b.bin", "empty"),
     ("./a.bin", r"'\.'"),
     ("a\\b.bin", "backslash"),
+    ("a\x00b.bin", "backslash or NUL"),
     ("manifest.json", "written by DeepJIT"),
 ])
 def test_refuses_bad_file_paths(tmp_path, sample, bad, message):
@@ -247,6 +248,22 @@ def test_read_bundle_names_what_is_wrong_with_a_malformed_manifest(tmp_path, sam
     (info.path / "manifest.json").write_text(json.dumps(edit(info.manifest)))
     with pytest.raises(BundleError, match=message):
         read_bundle(info.path)
+
+
+def test_read_bundle_verifies_every_file_of_an_archive(tmp_path, sample):
+    """A well-formed archive (its gzip CRC intact) of a tampered bundle is refused as the folder is."""
+    info = write_bundle(tmp_path / "b", *sample, archive=False)
+    _flip(info.path / "kernels/decode/yolov8_decode.sm_75.cubin")
+    (tmp_path / "tampered.tar.gz").write_bytes(pack(info.path))
+    with pytest.raises(BundleError, match="'kernels/decode/yolov8_decode.sm_75.cubin' does not match its sha256"):
+        read_bundle(tmp_path / "tampered.tar.gz")
+
+
+def test_declared_size_is_the_files_and_the_manifest_json(tmp_path, sample):
+    files, manifest = sample
+    info = write_bundle(tmp_path / "b", files, manifest, archive=False)
+    expected = sum(len(data) for data in files.values()) + (info.path / "manifest.json").stat().st_size
+    assert declared_size(info.manifest) == expected
 
 
 def test_read_bundle_refuses_a_manifest_whose_file_hash_was_also_forged(tmp_path, sample):
