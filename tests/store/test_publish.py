@@ -52,6 +52,8 @@ def test_policy_without_a_validation_record_refuses_every_required_level():
     assert "graph: did not run" in str(err.value) and "end_to_end: did not run" in str(err.value)
     with pytest.raises(StoreError, match="kernels: did not run"):
         check_policy({"validation": {"levels": {"kernels": "passed"}}}, ["kernels"])  # not a record
+    with pytest.raises(StoreError, match="kernels: did not run: no GPU"):
+        check_policy({"validation": {"levels": {"kernels": {"reason": "no GPU"}}}}, ["kernels"])  # no status
 
 
 def test_policy_refuses_unknown_levels():

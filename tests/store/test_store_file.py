@@ -294,6 +294,28 @@ def test_a_bundle_its_gate_rejected_is_pushed_only_with_force(tmp_path):
     assert store.push(unchecked.path, f"{url}:v2").digest == unchecked.digest  # a level that did not run: no gate
 
 
+def test_ls_lists_only_tag_names_not_leftovers_beside_them(tmp_path):
+    s = FileStore(tmp_path / "store")
+    digest = s.push(make_bundle(tmp_path / "a", 38).path, "v1").digest
+    (tmp_path / "store/tags/.v2.tmp-k3j4").write_text(f"{digest}\n")  # what an interrupted tag write leaves
+    assert [e.tag for e in s.ls()] == ["v1"]
+
+
+def test_a_tag_that_is_a_path_is_refused_before_it_is_read(tmp_path):
+    s = FileStore(tmp_path / "store")
+    digest = s.push(make_bundle(tmp_path / "a", 39).path, "v1").digest
+    (tmp_path / "store/outside").write_text(f"{digest}\n")
+    with pytest.raises(StoreError, match=r"tag '\.\./outside' is not valid"):
+        s.pull("../outside", tmp_path / "p")
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_store_path_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("a user's")
+    with pytest.raises(StoreError, match=f"{tmp_path}/notes.txt exists and is not a folder"):
+        FileStore(tmp_path / "notes.txt")
+
+
 def test_one_corrupt_tag_file_does_not_break_ls(tmp_path, caplog):
     s = FileStore(tmp_path / "store")
     s.push(make_bundle(tmp_path / "a", 33).path, "good")

@@ -26,6 +26,7 @@ from deepjit_compiler.bundle.folder import read_bundle, write_bundle
 from deepjit_compiler.errors import DeepJITError, StoreError
 from deepjit_compiler.store import open_store
 from deepjit_compiler.store.auth import origin, realm_url
+from deepjit_compiler.store.http import Deadline
 from deepjit_compiler.store.oci import (
     ANN_DIGEST,
     ARTIFACT_TYPE,
@@ -203,6 +204,12 @@ def test_concurrent_pushes_of_different_content_leave_a_consistent_tag(registry_
             assert read_bundle(store.pull(r.pinned, tmp_path / f"ok{i}")).digest == r.digest
         else:
             assert "already holds" in r or "concurrent push" in r
+
+
+def test_no_request_starts_past_the_commands_deadline():
+    adapter = Deadline("127.0.0.1:9", timeout_s=5, deadline_s=-1)
+    with pytest.raises(StoreError, match=r"registry 127.0.0.1:9: the command's deadline \(.*\) passed"):
+        adapter.send(requests.Request("GET", "http://127.0.0.1:9/v2/").prepare())
 
 
 def test_unreachable_registry_fails_fast(tmp_path):
