@@ -206,6 +206,13 @@ def test_concurrent_pushes_of_different_content_leave_a_consistent_tag(registry_
             assert "already holds" in r or "concurrent push" in r
 
 
+@pytest.mark.parametrize("host, insecure", [("127.0.0.1:5000", True), ("localhost", True), ("[::1]:5000", True),
+                                           ("registry.example.com", False), ("127.0.0.1.example.com:5000", False),
+                                           ("localhost.example", False)])
+def test_plain_http_is_used_only_for_loopback(host, insecure):
+    assert open_store(f"oci://{host}/t/x").insecure is insecure
+
+
 def test_no_request_starts_past_the_commands_deadline():
     adapter = Deadline("127.0.0.1:9", timeout_s=5, deadline_s=-1)
     with pytest.raises(StoreError, match=r"registry 127.0.0.1:9: the command's deadline \(.*\) passed"):
