@@ -477,6 +477,22 @@ def test_no_credentials_go_to_a_token_realm_on_another_host(scheme, tmp_path, mo
     assert registry.requests and all(f"Basic {ENCODED}" not in h.values() for _, _, h in registry.requests)
 
 
+def test_no_credentials_go_to_a_token_realm_of_another_scheme(tmp_path, monkeypatch, caplog):
+    """An http registry naming an https realm on its own host and port names another origin: not trusted."""
+    me: dict = {}
+
+    def answer(method, path, headers):
+        return 401, {"WWW-Authenticate": f'Bearer realm="https://{me["host"]}/token",service="x"'}, b"{}"
+
+    with fake_registry(answer) as registry:
+        me["host"] = registry.host
+        credentials_for(monkeypatch, registry.host)
+        with pytest.raises(StoreError):
+            store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
+    assert f"the registry sends token requests to https://{registry.host}: no credentials go there" in caplog.text
+    assert registry.requests and authorized(registry) == []
+
+
 def test_orases_own_environment_credentials_are_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv("ORAS_USER", "ci-bot")
     monkeypatch.setenv("ORAS_PASS", SECRET)
