@@ -421,6 +421,24 @@ def test_pull_refuses_a_config_that_is_not_the_bundles_sealed_manifest(tmp_path)
     assert not (tmp_path / "p").exists()
 
 
+def test_a_pull_by_digest_refuses_a_manifest_of_another_digest(tmp_path):
+    """A pinned reference pulls exactly that content: a registry answering it with another (valid) bundle
+    is refused before any blob is fetched."""
+    info = make_bundle(tmp_path / "b", 153)
+    manifest, blobs = artifact(info, (info.path / "manifest.json").read_bytes())
+    pinned = "sha256:" + hashlib.sha256(manifest + b" ").hexdigest()
+
+    def answer(method, path, headers):
+        if "/manifests/" in path:
+            return 200, {"Content-Type": OCI_MANIFEST}, manifest
+        return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+
+    with fake_registry(answer) as registry:
+        with pytest.raises(StoreError, match=f"answered {pinned} with a manifest of digest sha256:"):
+            store.pull(f"oci://{registry.host}/t/x@{pinned}", tmp_path / "p")
+    assert not any("/blobs/" in path for _, path, _ in registry.requests) and not (tmp_path / "p").exists()
+
+
 def token_registry(me: dict, manifest: bytes, storage: str):
     """A token-auth registry whose realm is itself; its blobs redirect to `storage`, another host."""
     def answer(method, path, headers):
