@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 import socket
 import threading
 import time
@@ -436,6 +437,29 @@ def test_a_pull_by_digest_refuses_a_manifest_of_another_digest(tmp_path):
     with fake_registry(answer) as registry:
         with pytest.raises(StoreError, match=f"answered {pinned} with a manifest of digest sha256:"):
             store.pull(f"oci://{registry.host}/t/x@{pinned}", tmp_path / "p")
+    assert not any("/blobs/" in path for _, path, _ in registry.requests) and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("edit", [lambda m: m["annotations"].pop(ANN_DIGEST),
+                                  lambda m: m["annotations"].update({ANN_DIGEST: "sha256:abc"}),
+                                  lambda m: m["layers"].append(m["layers"][0]),
+                                  lambda m: m["layers"].clear()],
+                         ids=["no-digest", "bad-digest", "two-layers", "no-layer"])
+def test_a_malformed_deepjit_artifact_is_named_before_any_blob_is_fetched(tmp_path, edit):
+    info = make_bundle(tmp_path / "b", 154)
+    manifest, blobs = artifact(info, (info.path / "manifest.json").read_bytes())
+    manifest = json.loads(manifest)
+    edit(manifest)
+
+    def answer(method, path, headers):
+        if "/manifests/" in path:
+            return 200, {"Content-Type": OCI_MANIFEST}, json.dumps(manifest).encode()
+        return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+
+    with fake_registry(answer) as registry:
+        with pytest.raises(StoreError, match=re.escape(f"'v1' is a malformed DeepJIT artifact (needs one "
+                                                       f"{LAYER_MEDIA_TYPE} layer and a {ANN_DIGEST} annotation)")):
+            store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
     assert not any("/blobs/" in path for _, path, _ in registry.requests) and not (tmp_path / "p").exists()
 
 
