@@ -74,6 +74,9 @@ def _steps_with_kernels(m: dict) -> list[dict]:
      r"'plan.steps\[1\].kernels\[0\].params': Input should be a valid dictionary"),
     (lambda m: m["plan"]["steps"][0].update(file="engines/segment.bin"), r"'plan.steps\[0\].file': should be a "
      "bundle path ending in .onnx"),
+    (lambda m: m["plan"]["steps"][0].update(file="engines/segment.onnx.data"), r"'plan.steps\[0\].file': should be a "
+     "bundle path ending in .onnx"),
+    (lambda m: m["target"].update(sm=5), "'target.sm': Input should be greater than or equal to 10"),
     (lambda m: m.update(engine=[1]), "'engine': Input should be a valid dictionary"),
     (lambda m: m["engine"].update(settings=[1]), "'engine.settings': Input should be a valid dictionary"),
     (lambda m: m["engine"].update(deferred="no"), "'engine.deferred': Input should be a valid boolean"),
@@ -81,6 +84,7 @@ def _steps_with_kernels(m: dict) -> list[dict]:
     (lambda m: m.update(validation="x"), "'validation': Input should be a valid dictionary"),
     (lambda m: m["validation"]["levels"]["graph"].update(status="great"), "'validation.levels.graph.status'"),
     (lambda m: m.update(name=5), "'name': Input should be a valid string"),
+    (lambda m: m.update(name="../up"), r"'name': should be a plain name \(1 to 200 letters"),
 ])
 def test_malformed_manifests_name_the_field(t4_build, edit, message):
     manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
