@@ -463,6 +463,39 @@ def test_a_malformed_deepjit_artifact_is_named_before_any_blob_is_fetched(tmp_pa
     assert not any("/blobs/" in path for _, path, _ in registry.requests) and not (tmp_path / "p").exists()
 
 
+def test_a_tag_list_holding_what_is_no_tag_is_refused(tmp_path):
+    def answer(method, path, headers):
+        return 200, {}, json.dumps({"tags": ["v1", "../../v2/other/manifests/x"]}).encode()
+
+    with fake_registry(answer) as registry:
+        with pytest.raises(StoreError, match="the registry's tag list is not a list of tags; refused"):
+            store.ls(f"oci://{registry.host}/t/x")
+    assert not any("/manifests/" in path for _, path, _ in registry.requests)
+
+
+def test_a_push_that_lost_the_tag_to_another_is_not_reported_as_pushed(tmp_path):
+    """The registry has no compare-and-swap: the tag is read back after the PUT, and content another
+    push put there meanwhile makes this push a refusal naming what the tag holds now."""
+    mine, theirs = make_bundle(tmp_path / "a", 155), make_bundle(tmp_path / "b", 156)
+    other, _ = artifact(theirs, (theirs.path / "manifest.json").read_bytes())
+    put: list = []
+
+    def answer(method, path, headers):
+        if "/blobs/uploads/" in path:
+            return (202, {"Location": "/v2/t/x/blobs/uploads/1"}, b"") if method == "POST" else (201, {}, b"")
+        if "/manifests/" in path and method == "PUT":
+            return put.append(path) or (201, {}, b"")
+        if "/manifests/" in path:  # nothing before this push's PUT, the other push's content after it
+            return (200, {"Content-Type": OCI_MANIFEST}, other) if put else (404, {}, b"{}")
+        return 404 if "/blobs/" in path else 200, {}, b"{}"
+
+    with fake_registry(answer) as registry:
+        with pytest.raises(StoreError, match=f"tag 'v1' was moved to {theirs.digest} by a concurrent push; this "
+                                             f"bundle \\({mine.digest}\\) was uploaded but is not tagged"):
+            store.push(mine.path, f"oci://{registry.host}/t/x:v1")
+    assert put == ["/v2/t/x/manifests/v1"]
+
+
 def token_registry(me: dict, manifest: bytes, storage: str):
     """A token-auth registry whose realm is itself; its blobs redirect to `storage`, another host."""
     def answer(method, path, headers):
