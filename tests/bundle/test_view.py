@@ -65,6 +65,8 @@ def _steps_with_kernels(m: dict) -> list[dict]:
     (lambda m: m["inputs"]["images"].update(max=["8", 3, 640, 640]), r"'inputs.images.max\[0\]': .*integer"),
     (lambda m: m["inputs"]["images"].update(max=[10**12, 3, 640, 640]), r"'inputs.images.max\[0\]': .*2147483647"),
     (lambda m: m["inputs"]["images"].update(opt=[9, 3, 640, 640]), "min <= opt <= max"),
+    (lambda m: m["inputs"]["images"].update(opt=[4, 3, 640]), r"opt \[4, 3, 640\].* each needs its rank"),
+    (lambda m: m["inputs"].update(images={"buckets": [1, 2]}), r"'inputs.images': min \['\w+', 3, 640, 640\]"),
     (lambda m: m["inputs"]["images"].update(min=[1, 3, 640, 600], opt=[4, 3, 640, 600], max=[8, 3, 640, 600]),
      "that keep its static dims"),
     (lambda m: m["plan"]["inputs"][0].update(shape=5), r"'plan.inputs\[0\].shape': Input should be a valid list"),
