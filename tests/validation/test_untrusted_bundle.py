@@ -98,7 +98,28 @@ def _in_function() -> onnx.ModelProto:
     return _identity([helper.make_node("Leak", ["x"], ["y"], domain="local")], functions=[fn])
 
 
-@pytest.mark.parametrize("model", [_in_subgraph, _in_function], ids=["subgraph", "function"])
+def _in_sparse_initializer() -> onnx.ModelProto:
+    model = _identity([helper.make_node("Identity", ["x"], ["y"])])
+    indices = numpy_helper.from_array(np.array([1], dtype=np.int64), "w_indices")
+    model.graph.sparse_initializer.append(helper.make_sparse_tensor(_external("w", ".env"), indices, [4]))
+    return model
+
+
+def _in_node_attribute() -> onnx.ModelProto:
+    return _identity([helper.make_node("Constant", [], ["w"], value=_external("w", ".env")),
+                      helper.make_node("Add", ["x", "w"], ["y"])])
+
+
+def _without_the_external_flag() -> onnx.ModelProto:
+    """External data entries on a tensor whose data_location was left DEFAULT: a reader may still follow them."""
+    w = _external("w", ".env")
+    w.data_location = TensorProto.DEFAULT
+    return _identity([helper.make_node("Add", ["x", "w"], ["y"])], [w])
+
+
+@pytest.mark.parametrize("model", [_in_subgraph, _in_function, _in_sparse_initializer, _in_node_attribute,
+                                   _without_the_external_flag],
+                         ids=["subgraph", "function", "sparse", "attribute", "flag-unset"])
 def test_external_data_is_refused_in_subgraphs_and_functions(tmp_path, model):
     view = _tiny_bundle(tmp_path, {"steps/m.onnx": model()})
     with pytest.raises(BundleError, match="'steps/m.onnx' keeps tensor 'w' in an external file '.env'"):
