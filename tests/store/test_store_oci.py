@@ -5,12 +5,14 @@ Needs Debian's `docker-registry` (`.ci/run` installs it); skipped with a reason 
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import json
 import logging
 import random
 import re
 import socket
+import tarfile
 import threading
 import time
 import uuid
@@ -23,7 +25,7 @@ from conftest import run_cli
 from registry import fake_registry
 
 from deepjit_compiler import store
-from deepjit_compiler.bundle.folder import read_bundle, write_bundle
+from deepjit_compiler.bundle.folder import declared_size, read_bundle, write_bundle
 from deepjit_compiler.errors import DeepJITError, StoreError
 from deepjit_compiler.store import open_store
 from deepjit_compiler.store.auth import origin, realm_url
@@ -394,9 +396,11 @@ def test_push_uploads_to_a_location_on_another_host_without_credentials(tmp_path
     assert authorized(storage) == [] and SECRET not in str(e.value)
 
 
-def artifact(info, config: bytes) -> tuple[bytes, dict[str, bytes]]:
-    """The OCI manifest a push of the bundle `info` writes, with `config` as its config blob, and the blobs."""
-    blobs = {f"sha256:{hashlib.sha256(data).hexdigest()}": data for data in (config, info.archive.read_bytes())}
+def artifact(info, config: bytes, layer: bytes | None = None) -> tuple[bytes, dict[str, bytes]]:
+    """The OCI manifest a push of the bundle `info` writes, with `config` as its config blob (and `layer` as
+    its layer, else the bundle's archive), and the blobs."""
+    layer = info.archive.read_bytes() if layer is None else layer
+    blobs = {f"sha256:{hashlib.sha256(data).hexdigest()}": data for data in (config, layer)}
     config, layer = ({"mediaType": m, "digest": d, "size": len(blobs[d])}
                      for m, d in zip((CONFIG_MEDIA_TYPE, LAYER_MEDIA_TYPE), blobs))
     manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
@@ -420,6 +424,29 @@ def test_pull_refuses_a_config_that_is_not_the_bundles_sealed_manifest(tmp_path)
         with pytest.raises(StoreError, match=f"config blob is not the sealed manifest of the bundle {info.digest}"):
             store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
     assert not (tmp_path / "p").exists()
+
+
+def test_pull_refuses_a_layer_that_is_not_the_annotated_bundle_or_inflates_past_it(tmp_path):
+    """The layer must unpack to the bundle the annotation and the sealed config name, within the size that
+    config declares."""
+    info, other = make_bundle(tmp_path / "a", 157), make_bundle(tmp_path / "b", 158)
+    bomb = tarfile.TarInfo("zeros.bin")
+    bomb.size = 8 << 20
+    layers = {"other": other.archive.read_bytes(),
+              "bomb": gzip.compress(bomb.tobuf(format=tarfile.PAX_FORMAT) + bytes(bomb.size), mtime=0)}
+    for kind, message in (("other", f"bundle digest {other.digest} is not the expected {info.digest}"),
+                          ("bomb", f"holds more than the {declared_size(info.manifest)} bytes its bundle declares")):
+        manifest, blobs = artifact(info, (info.path / "manifest.json").read_bytes(), layers[kind])
+
+        def answer(method, path, headers):
+            if "/manifests/" in path:
+                return 200, {"Content-Type": OCI_MANIFEST}, manifest
+            return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+
+        with fake_registry(answer) as registry:
+            with pytest.raises(StoreError, match=f"refusing 'v1': the bundle failed verification: .*{message}"):
+                store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
+        assert not (tmp_path / "p").exists()
 
 
 def test_a_pull_by_digest_refuses_a_manifest_of_another_digest(tmp_path):
