@@ -216,6 +216,20 @@ def test_plain_http_is_used_only_for_loopback(host, insecure):
     assert open_store(f"oci://{host}/t/x").insecure is insecure
 
 
+def test_a_registry_host_with_no_valid_port_is_refused():
+    with pytest.raises(StoreError, match=r"/t/x: '127.0.0.1:99999' has no valid port \(1 to 65535\)"):
+        open_store("oci://127.0.0.1:99999/t/x")
+
+
+def test_a_server_that_is_no_registry_is_named_and_a_bad_tag_never_leaves(tmp_path):
+    with fake_registry(lambda method, path, headers: (404, {}, b"not found")) as web:
+        with pytest.raises(StoreError, match=f"http://{web.host}/v2/ answered HTTP 404; is it an OCI registry"):
+            store.pull(f"oci://{web.host}/t/x:v1", tmp_path / "p")
+        with pytest.raises(StoreError, match=r"tag '\.\./v1' is not valid"):
+            open_store(f"oci://{web.host}/t/x").pull("../v1", tmp_path / "p")
+    assert [path for _, path, _ in web.requests] == ["/v2/"] and not (tmp_path / "p").exists()
+
+
 def test_no_request_starts_past_the_commands_deadline():
     adapter = Deadline("127.0.0.1:9", timeout_s=5, deadline_s=-1)
     with pytest.raises(StoreError, match=r"registry 127.0.0.1:9: the command's deadline \(.*\) passed"):
