@@ -680,9 +680,10 @@ def test_a_docker_config_entry_goes_only_to_its_own_host(tmp_path):
     assert not any("Authorization" in h for h in stranger.headers_seen())
 
 
-def test_docker_config_credentials_are_scrubbed_from_errors_too(tmp_path):
-    """A registry whose error echoes the Authorization it got: the Docker config's credential is shown as
-    *** as the environment's is (it used to be printed whole)."""
+@pytest.mark.parametrize("source", ["docker config", "environment"])
+def test_credentials_are_scrubbed_from_errors(tmp_path, monkeypatch, source):
+    """A registry whose error echoes the Authorization it got: the credential (the Docker config's or the
+    environment's) is shown as *** (the Docker config's used to be printed whole)."""
     encoded = base64.b64encode(f"deepjit:{SECRET}".encode()).decode()
 
     def echo(method, path, headers):
@@ -697,7 +698,10 @@ def test_docker_config_credentials_are_scrubbed_from_errors_too(tmp_path):
     config = tmp_path / "home" / ".docker" / "config.json"
     config.parent.mkdir(parents=True)
     with fake_registry(echo) as reg:
-        config.write_text(json.dumps({"auths": {reg.host: {"auth": encoded}}}))
+        if source == "environment":
+            credentials_for(monkeypatch, reg.host)
+        else:
+            config.write_text(json.dumps({"auths": {reg.host: {"auth": encoded}}}))
         with pytest.raises(StoreError) as e:
             store.pull(f"oci://{reg.host}/t/x:v1", tmp_path / "p")
     assert "you sent Basic ***, password ***" in str(e.value)
