@@ -55,6 +55,7 @@ def _steps_with_kernels(m: dict) -> list[dict]:
      r"'plan.steps\[1\].kind': Input should be 'segment', 'kernel' or 'added', got 'gadget'"),
     (lambda m: m["plan"]["steps"][2].pop("reference"), r"'plan.steps\[nms\].reference' is missing"),
     (lambda m: m["plan"]["steps"][1]["kernels"][0].update(arch="75"), "manifest arch '75' is not sm_XX"),
+    (lambda m: m["plan"]["steps"][1]["kernels"][0].update(arch="sm_7x"), "manifest arch 'sm_7x' is not sm_XX"),
     (lambda m: m["plan"]["steps"][1].update(kernels=[]), r"step 'decode' \(kernel\) has no compiled kernels"),
     (lambda m: m["plan"].update(inputs=[{"name": "images"}]), r"'plan.inputs\[0\].dtype' is missing"),
     # what a resealed manifest of a pulled bundle could hold, each of which once crashed (exit 3)
@@ -105,6 +106,13 @@ def test_step_names_are_plain_names(t4_build, name):
     manifest["plan"]["steps"][1]["name"] = name
     with pytest.raises(BundleError, match=r"'plan.steps\[1\].name': should be a plain name \(1 to 200 letters, digits"):
         BundleView(t4_build.bundle.path, manifest).steps  # noqa: B018
+
+
+def test_batch_buckets_are_sorted_kept_within_the_profile_and_end_at_its_max(t4_build):
+    manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
+    manifest["inputs"]["images"]["buckets"] = [4, 2, 99, 2]
+    (images,) = BundleView(t4_build.bundle.path, manifest).inputs
+    assert (images.min[0], images.max[0], images.buckets) == (1, 8, (2, 4, 8))
 
 
 def test_a_kernel_file_that_is_not_utf8_is_a_bundle_error(t4_build, tmp_path):
