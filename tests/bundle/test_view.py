@@ -110,9 +110,9 @@ def test_step_names_are_plain_names(t4_build, name):
 
 def test_batch_buckets_are_sorted_kept_within_the_profile_and_end_at_its_max(t4_build):
     manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
-    manifest["inputs"]["images"]["buckets"] = [4, 2, 99, 2]
+    manifest["inputs"]["images"]["buckets"] = [4, 2, 99, 2, 1]
     (images,) = BundleView(t4_build.bundle.path, manifest).inputs
-    assert (images.min[0], images.max[0], images.buckets) == (1, 8, (2, 4, 8))
+    assert (images.min[0], images.max[0], images.buckets) == (1, 8, (1, 2, 4, 8))
 
 
 def test_a_kernel_file_that_is_not_utf8_is_a_bundle_error(t4_build, tmp_path):
