@@ -164,6 +164,8 @@ def test_the_user_names_local_validation_data_with_data(t4_build, tmp_path):
     (tmp_path / "photos").mkdir()
     bundle = resealed(t4_build, tmp_path / "b", {"spec.yaml": _spec_with_data(t4_build, str(tmp_path / "photos"))})
     assert read_bundle(bundle).spec(tmp_path / "photos").validation.data.folder == tmp_path / "photos"
+    (tmp_path / "other").mkdir()
+    assert read_bundle(bundle).spec(tmp_path / "other").validation.data.folder == tmp_path / "other"
     for command in ("validate", "materialize"):
         r = run_cli(command, str(bundle))
         assert r.returncode == 2 and "is outside the bundle" in r.stderr and "--data" in r.stderr, r.stderr
