@@ -48,6 +48,8 @@ def _steps_with_kernels(m: dict) -> list[dict]:
 
 @pytest.mark.parametrize("edit, message", [
     (lambda m: m.pop("plan"), "'plan' is missing"),
+    (lambda m: m["inputs"].pop("images"), r"input 'images' has symbolic dims \['\w+', 3, 640, 640\] but no "
+     "inputs.<name>.min/max profile"),
     (lambda m: m["engine"].update(plans=["engines/segment.rtx.plan"]), "'engine.plans': Input should be a valid dict"),
     (lambda m: m["engine"].update(plans={"segment": [{"flavour": "tensorrt-rtx"}]}),
      r"'engine.plans.segment\[0\].file' is missing"),
@@ -115,6 +117,37 @@ def test_batch_buckets_are_sorted_kept_within_the_profile_and_end_at_its_max(t4_
     assert (images.min[0], images.max[0], images.buckets) == (1, 8, (1, 2, 4, 8))
 
 
+def test_an_older_engine_record_reads_as_this_one(t4_build):
+    """A plan may be one record or a bare file name (known then by its flavour only); no engine record
+    at all is ONNX Runtime in fp32."""
+    manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
+    record = {"file": "engines/segment.rtx.plan", "flavour": "tensorrt-rtx", "compute_capabilities": ["7.5"]}
+    for plans, on_75, on_86 in (({"segment": record}, True, False),
+                                ({"segment": "engines/segment.rtx.plan"}, None, None)):
+        manifest["engine"]["plans"] = plans
+        (plan,) = BundleView(t4_build.bundle.path, manifest).engine.plans["segment"]
+        assert (plan.file, plan.flavour, plan.runs_on(75), plan.runs_on(86)) == (
+            "engines/segment.rtx.plan", "tensorrt-rtx", on_75, on_86)
+    del manifest["engine"]
+    view = BundleView(t4_build.bundle.path, manifest)
+    assert (view.engine.backend, view.precision, view.engine.plans) == ("onnxruntime", "fp32", {})
+
+
+def test_the_outputs_and_the_reference_model_are_what_the_bundle_holds(t4_build):
+    manifest = copy.deepcopy(read_bundle(t4_build.bundle.path).manifest)
+    view = BundleView(t4_build.bundle.path, manifest)
+    assert [t.name for t in view.outputs] == [t["name"] for t in manifest["plan"]["outputs"]]
+    assert [t.name for t in view.outputs] != [t.name for t in view.inputs]
+    raw = {s["name"]: s for s in manifest["plan"]["steps"]}
+    assert view.step("nms").facts == raw["nms"]["params"] and view.step("nms").facts["max_det"] == 300
+    assert view.step("decode").facts == raw["decode"]["facts"] and view.step("decode").facts["num_classes"] == 80
+    manifest["model"]["file"] = "reference/model.onnx"  # named, but not one of the bundle's files
+    view = BundleView(t4_build.bundle.path, manifest)
+    assert view.reference_model is None
+    with pytest.raises(BundleError, match="the bundle carries no reference model"):
+        view.model_file()
+
+
 def test_a_kernel_file_that_is_not_utf8_is_a_bundle_error(t4_build, tmp_path):
     root = shutil.copytree(t4_build.bundle.path, tmp_path / "b")
     view = BundleView(root, read_bundle(t4_build.bundle.path).manifest)
@@ -151,3 +184,6 @@ def test_a_contract_the_bundle_carries_no_copy_of_loads_only_from_the_bundle_or_
         kernel["contract"] = ref
         view = BundleView(t4_build.bundle.path, manifest)
         assert view.contract(view.step("decode").kernels[0]).name == "yolov8_decode"
+    kernel["files"]["contract"] = "kernels/decode/contract/gone.yaml"  # a copy it lists but does not hold
+    view = BundleView(t4_build.bundle.path, manifest)
+    assert view.contract(view.step("decode").kernels[0]).name == "yolov8_decode"
