@@ -259,10 +259,11 @@ class Cut(_Model):
 # NVRTC options a spec may not pass. Those that add to the include path or read or write other files
 # (precompiled headers, dependency lists, timing and trace files): headers come from the contract only,
 # and a compile writes nothing (jit/includes.py checks them again at compile time). And those that pick
-# the architecture: the target's SM does, and the binaries are named and recorded by it.
+# the architecture: the target's SM does, and the binaries are named and recorded by it. NVRTC takes
+# some long options with one dash too (`-time=f` writes f, `-use-pch=f` reads it): both forms are here.
 FILE_OPTIONS = ("-I", "--include-path", "-include", "--pre-include", "--use-bundled-headers", "-pch", "--pch",
-                "--create-pch", "--use-pch", "-M", "--dependency", "--generate-dependencies", "--time",
-                "--fdevice-time-trace")
+                "--create-pch", "-create-pch", "--use-pch", "-use-pch", "-M", "--dependency",
+                "--generate-dependencies", "--time", "-time", "--fdevice-time-trace", "-fdevice-time-trace")
 TARGET_OPTIONS = ("-arch", "--gpu-architecture")
 
 

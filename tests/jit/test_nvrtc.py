@@ -310,9 +310,14 @@ def test_a_declared_header_may_include_only_declared_and_cuda_headers(tmp_path, 
 
 
 @pytest.mark.parametrize("option", ["-I/etc", "--include-path=/etc", "--pre-include=/etc/passwd", "-include x.h",
-                                    "--use-pch=x", "-MD", "--dependency-output=/tmp/x.d", "--time=/tmp/t.csv",
-                                    "--fdevice-time-trace=/tmp/trace.json"])
-def test_options_cannot_add_files_to_what_nvrtc_reads(option):
+                                    "--use-pch=x", "-MD", "--dependency-output={tmp}/x.d", "--time={tmp}/t.csv",
+                                    "--fdevice-time-trace={tmp}/trace.json", "-time={tmp}/t.csv",
+                                    "-fdevice-time-trace={tmp}/trace", "-create-pch={tmp}/k.pch",
+                                    "-use-pch={tmp}/k.pch"])
+def test_options_cannot_add_files_to_what_nvrtc_reads(option, tmp_path):
+    """NVRTC takes each long option with one dash too (`-time=f` writes f as `--time=f` does)."""
+    option = option.format(tmp=tmp_path)
     _, src = render_kernel("letterbox", {}, {})
     with pytest.raises(KernelError, match=rf"compile option '{re.escape(option)}' is not allowed"):
         compile_source(src, 75, CompileOptions(extra=(option,)))
+    assert not list(tmp_path.iterdir())

@@ -339,6 +339,7 @@ def test_shapes_and_ranges_that_no_build_could_use_are_refused(write_spec, old, 
 @pytest.mark.parametrize("option, message", [
     ("--gpu-architecture=sm_90", "the architecture comes from `target`"), ("-arch=compute_90", "from `target`"),
     ("-I/etc", "options that read or write files are not allowed"),
+    ("-time=t.csv", "options that read or write files are not allowed"),
 ])
 def test_compile_options_that_pick_the_target_or_read_files_name_compile_options(write_spec, option, message):
     """An sm_90 cubin named and recorded as the T4's sm_75 built with exit 0 before."""
