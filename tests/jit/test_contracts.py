@@ -564,6 +564,7 @@ def _hostile(tmp_path, workspace: str = "0", name: str = "x", repeat: str | None
     ("[1, ceil_div.__globals__]", r"is undefined: access to attribute '__globals__'"),
     ("len('a' * 5000000)", r"OverflowError: repeating a str of 1 items 5000000 times"),
     ("len([0] * 5000000)", r"OverflowError: repeating a list of 1 items 5000000 times"),
+    ("len((0,) * 5000000)", r"OverflowError: repeating a tuple of 1 items 5000000 times"),
     ("2 ** 5000", r"OverflowError: 2 \*\* 5000 has more than 4096 bits"),
     # squared k deep it has 2**k times the bits: 20 deep multiplied for hours
     ("(2 ** 3000) * (2 ** 3000)", r"OverflowError: a product of 3001 and 3001 bits has more than 4096 bits"),
@@ -580,6 +581,13 @@ def test_a_hostile_expression_is_a_kernel_error_naming_the_file_and_field(tmp_pa
     c = _hostile(tmp_path, workspace=expr)
     with pytest.raises(KernelError, match=r"h\.yaml: workspace: .*" + message):
         workspace_bytes(c, {}, {})
+
+
+def test_a_long_int_divided_by_a_short_one_is_allowed():
+    """Only dividing two long ints is refused (quadratic, deaf to SIGALRM): by one of at most 4,096 bits it is
+    linear. 16**2000 - 1 leaves 3 modulo 7 (16 is 2 mod 7, and 2**3 is 1)."""
+    assert expressions.evaluate("int('f' * 2000, 16) % 7", {}, "t") == 3
+    assert expressions.evaluate("ceil_div(int('f' * 2000, 16), 2 ** 4000)", {}, "t") == 2 ** 4000
 
 
 @pytest.mark.parametrize("expr", [
@@ -622,6 +630,9 @@ def test_an_expression_that_runs_past_its_deadline_is_a_kernel_error(tmp_path, m
     ("repeat", "['a' * 4000000] * 4000000"),
     ("workspace", "dict(a=['a' * 4000000] * 4000000)"),
     ("workspace", "[int('f' * 5000, 16)]"),           # 20,000 bits: printing it raised a bare ValueError
+    ("workspace", "{'a' * 4000000: 'b' * 300000}"),   # a dict's keys print too
+    ("workspace", "['a'.encode() * 4000000] * 2"),
+    ("workspace", "[['a' * 1000] * 5000] * 4000000"),  # 2 * 10**13 characters, counted only until the bound
 ])
 def test_a_result_too_large_to_print_is_a_kernel_error(tmp_path, field, expr):
     """A result is printed in messages (and written to manifests) whole, outside the expression's bounds:
@@ -631,7 +642,13 @@ def test_a_result_too_large_to_print_is_a_kernel_error(tmp_path, field, expr):
         with pytest.raises(KernelError, match=r"h\.yaml: .*cannot evaluate .*OverflowError: the value (prints as more than "
                                               r"4194304 items and characters|is an int of 20000 bits, over 4096)"):
             signature(c, {}) if field == "repeat" else workspace_bytes(c, {}, {})
-    assert expressions.evaluate("[0] * 4000000", {}, "t") == [0] * 4000000  # within the bound, a result prints
+
+
+def test_a_result_within_the_print_bound_is_returned_whole():
+    """A list prints as one item and its string's characters: 1 + 4,194,303 is the bound."""
+    assert expressions.evaluate("['a' * 4194303]", {}, "t") == ["a" * 4194303]
+    with pytest.raises(KernelError, match=r"OverflowError: the value prints as more than 4194304 items"):
+        expressions.evaluate("['a' * 4194304]", {}, "t")
 
 
 def test_a_contract_string_that_expands_past_its_bound_is_a_kernel_error(tmp_path):

@@ -169,10 +169,15 @@ def test_a_template_includes_files_of_its_folder_and_deepjits_templates(tmp_path
 @pytest.mark.parametrize("source, message", [
     ("{% for i in range(10**6) %}{% endfor %}\n", r"OverflowError: Range too big"),
     ("{{ 'a' * 5000000 }}\n", r"OverflowError: repeating a str of 1 items 5000000 times .* the sandbox refuses it"),
+    ("{{ 5000000 * 'a' }}\n", r"OverflowError: repeating a str of 1 items 5000000 times .* the sandbox refuses it"),
     ("{{ 2 ** 5000 }}\n", r"OverflowError: 2 \*\* 5000 has more than 4096 bits"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}\n", r"RecursionError"),
     ("{{ 'a'.ljust(10**10) }}\n", r"OverflowError: padding to a width of 10000000000 makes more than 4194304 characters"),
     ("{{ 'a'|center(10**10) }}\n", r"OverflowError: padding to a width of 10000000000 makes more than 4194304 characters"),
+    ("{{ 'a'.rjust(10**10) }}\n", r"OverflowError: padding to a width of 10000000000 makes more than 4194304 characters"),
+    ("{{ '7'.zfill(4194305) }}\n", r"OverflowError: padding to a width of 4194305 makes more than 4194304 characters"),
+    ("{{ ('a' * 2000).replace('', 'b' * 4000) }}\n", r"OverflowError: replacing 2001 times makes more than 4194304"),
+    ("{{ ('a\\n' * 1000)|indent('x' * 5000) }}\n", r"OverflowError: indenting by 'x+' makes more than 4194304 characters"),
     ("{{ ('ab' * 2000000).replace('a', 'aaa') }}\n", r"OverflowError: replacing 2000000 times makes more than 4194304"),
     ("{{ ('ab' * 2000000)|replace('a', 'aaa') }}\n", r"OverflowError: replacing 2000000 times makes more than 4194304"),
     ("{{ 'x'|indent(10**9) }}\n", r"OverflowError: indenting by 1000000000 makes more than 4194304 characters"),
@@ -280,6 +285,8 @@ def test_the_bounded_str_methods_and_filters_still_work_within_their_bounds(tmp_
     """Each built the whole value in one call (`'a'.ljust(10**10)`) before any bound could see it; bounded now,
     they keep their meaning."""
     source = ("// {{ 'ab'.ljust(4) }}|{{ 'ab'|center(6) }}|{{ 'a-b'.replace('-', '+') }}|{{ 'a-b'|replace('-', '++', 1) }}"
-              "|{{ '7'.zfill(3) }}|{{ 'x'|indent(2, true) }}|{{ 'a\tb'.expandtabs(2) }}\n")
+              "|{{ '7'.zfill(3) }}|{{ 'x'|indent(2, true) }}|{{ 'a\tb'.expandtabs(2) }}"
+              "|{{ '7'.zfill(4194304)|length }}|{{ ('a' * 4000).replace('a', 'b' * 4000, 1)|length }}"
+              "|{{ ('a' * 4000).replace('a', 'b' * 4000, 0)|length }}\n")
     _, src = render_kernel(_contract(tmp_path, source), {})
-    assert src.code.splitlines()[0] == "// ab  |  ab  |a+b|a++b|007|  x|a b"
+    assert src.code.splitlines()[0] == "// ab  |  ab  |a+b|a++b|007|  x|a b|4194304|7999|4000"
