@@ -264,9 +264,10 @@ def test_the_twin_of_a_fused_decode_compiles(tmp_path):
 
 
 def _including(folder: Path, include: str) -> str:
-    """A user's contract whose kernel reads LEAK from what `include` names; its own header mine.cuh."""
+    """A user's contract whose kernel reads LEAK from what `include` names; its own header mine.cuh (whose
+    last line has no newline)."""
     (folder / "secret.h").write_text('#define LEAK "TOP-SECRET"\n')
-    (folder / "mine.cuh").write_text("#include <cuda_fp16.h>\n")
+    (folder / "mine.cuh").write_text("#include <cuda_fp16.h>")
     (folder / "k.cu.j2").write_text(f'#include "mine.cuh"\n{include}\n__device__ const char leaked[] = LEAK;\n'
                                     'extern "C" __global__ void k(char* o) { o[0] = leaked[threadIdx.x]; }\n')
     (folder / "k.yaml").write_text("name: k\ntemplate: k.cu.j2\nheaders: [mine.cuh]\n"
@@ -284,10 +285,18 @@ def _including(folder: Path, include: str) -> str:
     ('#/* a comment */include "{secret}"', "only a plain #include"),
     ('#inc\\\nlude "{secret}"', "not one of the contract's `headers:`"),          # a line splice
     ('%:include "{secret}"', "not one of the contract's `headers:`"),             # the digraph of '#'
+    ('??=include "{secret}"', "not one of the contract's `headers:`"),            # the trigraph of '#'
+    ('#inc??/\nlude "{secret}"', "not one of the contract's `headers:`"),          # a splice by trigraph
+    ('#import "{secret}"', "only a plain #include"),
+    ('#\\u0069nclude "{secret}"', "only a plain #include"),                     # a UCN for 'i'
+    ("#include <>", "no absolute path, no '..'"),
+    ("#include <..\\secret.h>", "no absolute path, no '..'"),
+    ("#include <C:{secret}>", "no absolute path, no '..'"),
     ('#if __has_include("{secret}")\n#endif\n#define LEAK "x"', "only a plain #include"),
 ])
 def test_kernel_code_includes_only_its_headers_and_cudas(tmp_path, monkeypatch, include, why):
-    """NVRTC would read any other file into the PTX (not in the cache key): refused before it runs."""
+    """NVRTC would read any other file into the PTX (not in the cache key): refused before it runs. Trigraphs
+    too: NVRTC takes them under `--std=c++11` (a spec may pass it)."""
     folder = tmp_path / "k"
     folder.mkdir()
     monkeypatch.chdir(folder)
@@ -300,6 +309,17 @@ def test_kernel_code_includes_only_its_headers_and_cudas(tmp_path, monkeypatch, 
     assert type(e.value) is KernelError and e.value.exit_code == 2
 
 
+@pytest.mark.parametrize("include, line", [
+    ('// a comment \\\n   continued\n#include "{secret}"', 4),   # a splice on an earlier line
+    ('#define A 1 \\\n#include "{secret}"', 3),                 # spliced onto the line before
+])
+def test_a_refused_include_is_located_at_its_own_template_line(tmp_path, include, line):
+    """Lines joined by a splice still count: the error names the line the directive is written on."""
+    path = _including(tmp_path, include.format(secret=tmp_path / "secret.h"))
+    with pytest.raises(KernelError, match=rf"includes .* at {re.escape(str(tmp_path / 'k.cu.j2'))}:{line}: "):
+        compile_site_kernel(path, {}, sm=75, cache_dir=tmp_path / "cache")
+
+
 def test_a_declared_header_may_include_only_declared_and_cuda_headers(tmp_path, monkeypatch):
     path = _including(tmp_path, "#define LEAK \"ok\"")
     assert compile_site_kernel(path, {}, sm=75, cache_dir=tmp_path / "cache").cubin  # <cuda_fp16.h> and mine.cuh
@@ -309,7 +329,7 @@ def test_a_declared_header_may_include_only_declared_and_cuda_headers(tmp_path, 
         compile_site_kernel(path, {}, sm=75, cache_dir=tmp_path / "cache")
 
 
-@pytest.mark.parametrize("option", ["-I/etc", "--include-path=/etc", "--pre-include=/etc/passwd", "-include x.h",
+@pytest.mark.parametrize("option", ["-I/etc", " -I/etc", "--include-path=/etc", "--pre-include=/etc/passwd", "-include x.h",
                                     "--use-pch=x", "-MD", "--dependency-output={tmp}/x.d", "--time={tmp}/t.csv",
                                     "--fdevice-time-trace={tmp}/trace.json", "-time={tmp}/t.csv",
                                     "-fdevice-time-trace={tmp}/trace", "-create-pch={tmp}/k.pch",
