@@ -14,6 +14,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from deepjit_compiler.files import atomic_write
@@ -396,3 +397,99 @@ def test_a_signed_record_whose_blob_is_a_symlink_is_not_followed(tmp_path, key_f
     assert cache.get(KEY) is None and cache.counters.corrupt == 1
     cache.put(KEY, {"cubin": b"cubin bytes"}, {})  # a rebuild replaces the link with the file
     assert cache.get(KEY)[1] == {"cubin": b"cubin bytes"} and not (folder / "cubin").is_symlink()
+
+
+OTHER = "cd" * 32
+
+
+@pytest.fixture
+def blobs() -> dict[str, bytes]:
+    rng = np.random.default_rng(7)
+    return {"cubin": rng.bytes(256), "ptx": rng.bytes(128)}
+
+
+def test_put_then_get_returns_the_blobs_and_the_record_as_json_and_counts(tmp_path, key_file, blobs):
+    cache = KernelCache(tmp_path / "c", cache_mod.CacheStats())
+    cache.put(KEY, blobs, {"sms": {75}, "names": ("a", "b")})
+    meta, got = cache.get(KEY)
+    assert got == blobs and meta["sms"] == [75] and meta["names"] == ["a", "b"] and meta["key"] == KEY
+    assert cache.get(OTHER) is None
+    c = cache.counters
+    assert (c.writes, c.hits, c.misses, c.corrupt) == (1, 1, 1, 0)
+
+
+def test_the_key_is_the_sha256_of_the_materials_sorted_json():
+    expected = hashlib.sha256(b'{"a":[1,2],"b":"x"}').hexdigest()
+    assert cache_mod.key_of({"b": "x", "a": [1, 2]}) == cache_mod.key_of({"a": [1, 2], "b": "x"}) == expected
+
+
+@pytest.mark.parametrize("name", ["../outside", "meta.json", ".", "", "sub/cubin"])
+def test_put_writes_nothing_for_a_blob_name_that_is_not_a_plain_file(tmp_path, key_file, name):
+    cache = KernelCache(tmp_path / "c", cache_mod.CacheStats())
+    cache.put(KEY, {name: b"x"}, {})
+    assert not (tmp_path / "c").exists() and cache.counters.writes == 0
+
+
+def test_an_entry_copied_into_another_keys_folder_is_not_served_nor_pruned(tmp_path, key_file, blobs):
+    """Each record is signed for its own key: a valid entry of ours copied to another key's folder (a shared
+    cache) would hand that key's build these binaries."""
+    cache = KernelCache(tmp_path / "c", cache_mod.CacheStats())
+    cache.put(KEY, blobs, {})
+    shutil.copytree(cache.folder(KEY), cache.folder(OTHER))
+    assert cache.get(OTHER) is None and cache.counters.corrupt == 1
+    assert cache.get(KEY)[1] == blobs
+    cache.prune(0)
+    assert not cache.folder(KEY).exists() and (cache.folder(OTHER) / "cubin").read_bytes() == blobs["cubin"]
+
+
+@pytest.mark.parametrize("meta", ["[1]", "meta symlinked", '"blobs as a list"'])
+def test_a_meta_json_that_is_no_record_of_this_entry_is_corrupt(tmp_path, key_file, blobs, meta):
+    cache = KernelCache(tmp_path / "c", cache_mod.CacheStats())
+    cache.put(KEY, blobs, {})
+    path = cache.folder(KEY) / "meta.json"
+    if meta == "meta symlinked":  # the very record, but planted as a link: only regular files are read
+        path.rename(tmp_path / "record.json")
+        path.symlink_to(tmp_path / "record.json")
+    elif meta == '"blobs as a list"':  # signed, so a bug of ours: still a miss, not a TypeError
+        _plant(tmp_path / "c", {"blobs": list(blobs)}, secret=key_file.read_bytes())
+    else:
+        path.write_text(meta)
+    assert cache.get(KEY) is None and cache.counters.corrupt == 1
+
+
+def test_prune_removes_only_this_users_entries_least_recently_used_first(tmp_path, key_file, blobs):
+    """Another user's entry, one of an older format and files it did not write in an entry's folder stay;
+    `keep` stays whatever its size; a cache already within the bound loses nothing."""
+    root = tmp_path / "c"
+    cache = KernelCache(root, cache_mod.CacheStats())
+    theirs = _plant(root, {"blobs": {}}, secret=b"t" * 32, key="ef" * 32)
+    older = _plant(root, {"blobs": {}, "cache_format": 1}, secret=key_file.read_bytes(), key="01" * 32)
+    for i, key in enumerate((KEY, OTHER, "23" * 32)):
+        cache.put(key, blobs, {})
+        os.utime(cache.folder(key) / "meta.json", (1000 + i, 1000 + i))
+    (cache.folder(OTHER) / "notes.txt").write_text("mine")
+    ours = sum(f.stat().st_size for k in (KEY, OTHER, "23" * 32) for f in cache.folder(k).iterdir()
+               if f.name != "notes.txt")
+    assert cache.prune(ours) == 0 and cache.folder(KEY).exists()
+    cache.prune(0, keep=KEY)
+    assert sorted(p.name for p in cache.folder(KEY).iterdir()) == ["cubin", "meta.json", "ptx"]
+    assert [p.name for p in cache.folder(OTHER).iterdir()] == ["notes.txt"]
+    assert not cache.folder("23" * 32).exists()
+    assert (theirs / "meta.json").exists() and (older / "meta.json").exists()
+
+
+def test_a_key_file_another_process_leaves_short_meanwhile_signs_nothing(tmp_path, monkeypatch, caplog):
+    """An older DeepJIT that created the key file (empty) just before this one linked its own: its
+    content, not yet written, must not become the secret."""
+    path = tmp_path / "config" / "cache.key"
+    monkeypatch.setenv("DEEPJIT_CACHE_KEY_FILE", str(path))
+
+    def theirs_first(p: Path) -> None:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"")
+        p.chmod(0o600)
+
+    monkeypatch.setattr(cache_mod, "_make_key_file", theirs_first)
+    caplog.set_level(logging.WARNING, "deepjit.cache")
+    assert cache_mod._secret() is None
+    assert f"not using the cache key file {path} (it is shorter than 32 bytes)" in caplog.text
