@@ -68,6 +68,8 @@ def test_each_key_ingredient_changes_the_key(tiny, monkeypatch):
     assert cache_key(renamed, 75, opts) != base                                          # name expressions
     header = dataclasses.replace(base_src, headers=(("deepjit_common.cuh", base_src.headers[0][1] + "\n// edit"),))
     assert cache_key(header, 75, opts) != base                                           # header digest
+    header = dataclasses.replace(base_src, headers=(("other.cuh", base_src.headers[0][1]),))
+    assert cache_key(header, 75, opts) != base                                           # header name
     monkeypatch.setattr(nvrtc, "__version__", "99.0.0")
     assert cache_key(base_src, 75, opts) != base                                         # deepjit version
     monkeypatch.undo()

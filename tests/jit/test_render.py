@@ -43,6 +43,13 @@ def test_f32_literal_is_exact(value):
     assert float.fromhex(literal) == float(np.float32(value))
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e39])
+def test_f32_literal_of_no_finite_float32_is_a_kernel_error(value):
+    """1e39 is past float32's range: it would be baked into the kernel as infinity."""
+    with pytest.raises(KernelError, match=rf"kernel param {re.escape(repr(value))} is not a finite float32"):
+        f32_literal(value)
+
+
 def test_rendered_lines_map_back_to_template_lines():
     contract = load_contract("nms")
     src = render(contract, resolve_params(contract, {"max_det": 100}))
@@ -55,8 +62,18 @@ def test_rendered_lines_map_back_to_template_lines():
     # a line made from params: the constants the shared NMS header reads
     n = next(i for i, line in enumerate(rendered, 1) if line == "#define DJ_NMS_BLOCK 512")
     assert template[src.origin(n)[1] - 1] == "#define DJ_NMS_BLOCK {{ block }}"
-    marked = [row for row in src.excerpt(n).splitlines() if row.startswith(">")]
-    assert marked == [f">{n:5d} | {rendered[n - 1]}"]
+    rows = src.excerpt(n).splitlines()
+    assert [row for row in rows if row.startswith(">")] == [f">{n:5d} | {rendered[n - 1]}"]
+    assert [int(row[1:6]) for row in rows] == list(range(n - 3, n + 4))  # three lines either side
+
+
+def test_comment_lines_leave_no_line_and_lines_without_a_mark_have_no_origin(tmp_path):
+    """A `{# #}` line vanishes as a `{% %}` line does (trim_blocks); the first line of a multi-line value comes
+    from no one template line."""
+    _, src = render_kernel(_contract(tmp_path, "{# a note #}\n{{ 'a\\nb' }}\nextern \"C\" __global__ void k() {}"), {})
+    assert src.code.splitlines() == ["a", "b", 'extern "C" __global__ void k() {}']
+    template = str(tmp_path / "t.cu.j2")
+    assert [src.origin(n) for n in (0, 1, 2, 3, 4)] == [None, None, (template, 2), (template, 3), None]
 
 
 def _user_contract(tmp_path, template: str, params: str = "factor: {type: float, default: 2.0}"):
@@ -164,6 +181,12 @@ def test_a_template_includes_files_of_its_folder_and_deepjits_templates(tmp_path
     (tmp_path / "part.cuh").write_text("// my part\n")
     _, src = render_kernel(_contract(tmp_path, "{% include 'part.cuh' %}\n{% include 'deepjit_common.cuh' %}\n"), {})
     assert "// my part" in src.code and "#include <cuda_fp16.h>" in src.code
+
+
+def test_a_template_includes_its_own_folders_file_before_deepjits_of_the_same_name(tmp_path):
+    (tmp_path / "deepjit_common.cuh").write_text("// my own common\n")
+    _, src = render_kernel(_contract(tmp_path, "{% include 'deepjit_common.cuh' %}\n"), {})
+    assert src.code == "// my own common\n"
 
 
 @pytest.mark.parametrize("source, message", [
