@@ -67,7 +67,8 @@ class _LineMarks(jinja2.ext.Extension):
 
 def f32_literal(value: float) -> str:
     """The float32 nearest `value` as an exact C++17 hex literal (comment shows the decimal)."""
-    v = float(np.float32(value))
+    with np.errstate(over="ignore"):  # an overflow is refused below, not printed as numpy's warning
+        v = float(np.float32(value))
     if not np.isfinite(v):
         raise KernelError(f"kernel param {value!r} is not a finite float32")
     return f"{v.hex()}f /* {np.float32(v)} */"

@@ -6,6 +6,7 @@ import concurrent.futures
 import re
 import signal
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -45,9 +46,12 @@ def test_f32_literal_is_exact(value):
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e39])
 def test_f32_literal_of_no_finite_float32_is_a_kernel_error(value):
-    """1e39 is past float32's range: it would be baked into the kernel as infinity."""
-    with pytest.raises(KernelError, match=rf"kernel param {re.escape(repr(value))} is not a finite float32"):
-        f32_literal(value)
+    """1e39 is past float32's range: it would be baked into the kernel as infinity. The error is all the
+    user sees (no numpy overflow warning before it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(KernelError, match=rf"kernel param {re.escape(repr(value))} is not a finite float32"):
+            f32_literal(value)
 
 
 def test_rendered_lines_map_back_to_template_lines():
