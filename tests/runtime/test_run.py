@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -107,3 +108,34 @@ def test_an_input_file_of_the_wrong_dtype_or_size_is_named_before_anything_runs(
     r = run_cli("run", str(t4_build.bundle.path), "-i", str(tmp_path), "--device", "cpu")
     assert r.returncode == 2 and ("error: c.npy[0]: input 'images' dim 2 is 320, allowed 640 (shape [batch, 3, 640, "
                                   "640], got (1, 3, 320, 640))") in r.stderr, r.stderr
+
+
+def test_an_empty_folder_is_refused_naming_it_even_beside_other_inputs(tmp_path):
+    """A folder of no inputs is a mistake (a wrong path), never silently skipped."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not an input")
+    np.save(tmp_path / "x.npy", np.random.default_rng(35).random((3, 640, 640), dtype=np.float32))
+    with pytest.raises(RuntimeInputError, match=r"empty: no images \(\.jpg, .*\) or \.npy/\.npz files in it"):
+        runbundle.expand_inputs([tmp_path / "x.npy", tmp_path / "empty"])
+
+
+def test_images_need_one_square_input(tmp_path, t4_layout):
+    """Host letterboxing makes one [B, 3, S, S] tensor: a pipeline of two inputs, or of a non-square one,
+    is told to take tensors instead."""
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    rgb = np.random.default_rng(36).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    image_mod.fromarray(rgb).save(tmp_path / "img.png")
+    images_in = t4_layout.inputs[0]
+    scale = replace(images_in, name="scale", shape=("batch", 2), min=(1, 2), opt=(1, 2), max=(8, 2))
+    with pytest.raises(RuntimeInputError, match="images need a pipeline with one input; this one takes images, scale"):
+        runbundle.load_samples([tmp_path / "img.png"], replace(t4_layout, inputs=(images_in, scale)))
+    wide = replace(images_in, min=(1, 3, 320, 640), opt=(1, 3, 320, 640), max=(8, 3, 320, 640))
+    with pytest.raises(RuntimeInputError, match=r"host letterboxing needs a square \[B, 3, S, S\] input"):
+        runbundle.load_samples([tmp_path / "img.png"], replace(t4_layout, inputs=(wide,)))
+
+
+def test_a_uint8_array_that_is_not_three_channels_is_a_tensor_of_the_wrong_dtype(tmp_path, t4_layout):
+    """Only [H, W, 3] / [N, H, W, 3] uint8 arrays are images: an RGBA one is fed as a tensor and refused."""
+    np.save(tmp_path / "rgba.npy", np.random.default_rng(37).integers(0, 256, (2, 40, 50, 4), dtype=np.uint8))
+    with pytest.raises(RuntimeInputError, match=r"rgba\.npy\[0\]: input 'images' is uint8, expected float32"):
+        runbundle.load_samples([tmp_path / "rgba.npy"], t4_layout)
