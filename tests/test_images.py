@@ -161,3 +161,12 @@ def test_a_16_bit_grey_png_that_pillow_opens_as_mode_i_keeps_its_high_byte():
     img.format = "PNG"
     assert img.mode == "I"
     np.testing.assert_array_equal(_rgb8(img, Path("grey16.png")), [[[0] * 3, [130] * 3, [255] * 3]])
+
+
+def test_a_complex_array_with_nan_is_refused_like_a_float_one(tmp_path):
+    values = np.random.default_rng(26).random((2, 4)) + 1j * np.random.default_rng(27).random((2, 4))
+    values[1, 3] = complex(1.0, np.nan)
+    np.save(tmp_path / "c.npy", values.astype(np.complex64))
+    with pytest.raises(RuntimeInputError, match=r"c\.npy: 1 of its 8 values are NaN or infinite \(the first at "
+                                                r"index \[1, 3\]\)"):
+        read_npy(tmp_path / "c.npy")
