@@ -776,6 +776,18 @@ def test_prefer_cubin_for_another_sm_fails_before_anything_runs(t4_bundle, fake)
         assert set(pipe.code.values()) == {"cubin"}
 
 
+def test_a_calls_outputs_are_its_own_after_the_next_call(t4_bundle, fake):
+    """Outputs come back through reused pinned staging: a later call must not rewrite an earlier result."""
+    counts = iter([np.array([5, 9], np.int32), np.array([2, 4], np.int32)])
+    with Pipeline.load(t4_bundle) as pipe:
+        pipe.gpu.hooks["nms"] = lambda grid, args: write_at(args[8], next(counts))
+        rng = np.random.default_rng(16)
+        first = pipe({"images": images(rng, 2)})
+        second = pipe({"images": images(rng, 2)})
+    np.testing.assert_array_equal(first["num_dets"], [5, 9])
+    np.testing.assert_array_equal(second["num_dets"], [2, 4])
+
+
 def test_bad_calls_and_closed_pipelines(t4_bundle, fake):
     pipe = Pipeline.load(t4_bundle)
     rng = np.random.default_rng(4)
