@@ -448,6 +448,8 @@ def test_user_contract_by_path_with_yaml_errors_located(tmp_path):
     (5, 1280, 640, (0.5, 640, 2, 0, 319)),                 # 5 * 0.5 = 2.5 -> 2 (half to even); 318.9 -> 319
     (7, 1280, 640, (0.5, 640, 4, 0, 318)),                 # 3.5 -> 4 (half to even); 317.9 -> 318
     (640, 427, 640, (1.0, 427, 640, 106, 0)),              # (640 - 427) / 2 - 0.1 = 106.4 -> 106
+    (637, 640, 640, (1.0, 640, 637, 0, 1)),                # 1.5 - 0.1 = 1.4 -> 1, where 1.5 alone rounds to 2
+    (640, 633, 640, (1.0, 633, 640, 3, 0)),                # 3.5 - 0.1 = 3.4 -> 3, where 3.5 alone rounds to 4
 ])
 def test_letterbox_geometry_rounds_half_to_even(h, w, size, want):
     g = letterbox_geometry(h, w, size)
@@ -473,6 +475,7 @@ def test_kernel_args_get_explicit_c_types():
     assert pack_arg("n", "i32", 5).dtype == np.int32
     assert pack_arg("t", "f32", 0.45).dtype == np.float32      # never a double
     assert pack_arg("p", "ptr", 0x7F00) == np.uint64(0x7F00)
+    assert pack_arg("workspace", "ptr", None) == np.uint64(0)  # a kernel with no workspace gets a null pointer
     with pytest.raises(KernelError, match="'p' is a pointer"):
         pack_arg("p", "ptr", 1.5)
     assert pack_arg("agnostic", "i32", True) == 1 and pack_arg("n", "i64", 2.0) == 2
