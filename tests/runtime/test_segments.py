@@ -5,6 +5,7 @@ EngineError with the reason, never a traceback. On the T4 bundle built here (a T
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 from conftest import HAS_GPU
@@ -69,3 +70,17 @@ def test_onnxruntime_when_asked_and_when_the_library_is_missing(t4, caplog, monk
         engine_runner(view, layout, step, engine="plan", device_sm=75)
     with pytest.raises(EngineError, match="engine must be one of auto, plan, onnxruntime"):
         engine_runner(view, layout, step, engine="trt", device_sm=75)
+
+
+def test_tensorrt_plans_are_tried_before_tensorrt_rtx_ones_and_none_runs_without_a_gpu(t4, monkeypatch):
+    view, _, step = t4
+    (rtx,) = view.engine.plans[step.name]
+    trt = replace(rtx, file="engines/segment.trt.plan", flavour="tensorrt", library="tensorrt", version="10.9.0")
+    engine = replace(view.engine, plans={step.name: (rtx, trt)})
+    monkeypatch.setattr(Flavour, "importable", lambda self: self.name != "tensorrt")
+    plan, refused = runnable_plan(engine, step.name, 75)
+    assert plan is rtx and len(refused) == 1 and refused[0].startswith("engines/segment.trt.plan needs TensorRT 10.9.0")
+    monkeypatch.setattr(Flavour, "importable", lambda self: True)
+    plan, refused = runnable_plan(engine, step.name, None)
+    assert plan is None and refused == ["engines/segment.trt.plan: this machine has no GPU",
+                                        "engines/segment.rtx.plan: this machine has no GPU"]
