@@ -31,6 +31,7 @@ from deepjit_compiler.runtime import hostmem
 from deepjit_compiler.runtime import pipeline as runtime
 from deepjit_compiler.runtime import run as runbundle
 from deepjit_compiler.runtime.code import choose_code
+from deepjit_compiler.runtime.cpu import CpuPipeline
 from deepjit_compiler.runtime.inputs import bucket_for
 from deepjit_compiler.runtime.layout import KernelInfo, Layout, StepInfo, site_aliases
 from deepjit_compiler.runtime.pipeline import CountingGpu, Pipeline
@@ -950,6 +951,16 @@ def test_run_and_bench_on_the_cpu(tmp_path, t4_bundle):
     assert "engine cpu (ONNX Runtime" in runbundle.format_bench(bench)
     with pytest.raises(RuntimeInputError, match="--device must be one of gpu, cpu, got 'tpu'"):
         runbundle.run_bundle(t4_bundle, [tmp_path / "x.npy"], device="tpu")
+
+
+def test_the_cpu_pipeline_refuses_bad_feeds_naming_the_input(t4_bundle):
+    """Called directly (not through `deepjit run`'s per-file check), it checks feeds as the GPU pipeline does."""
+    rng = np.random.default_rng(17)
+    with CpuPipeline.load(t4_bundle) as pipe:
+        with pytest.raises(RuntimeInputError, match="input 'images' is float16, expected float32"):
+            pipe({"images": images(rng, 1).astype(np.float16)})
+        with pytest.raises(RuntimeInputError, match="batch 9 is above this pipeline's max batch 8"):
+            pipe({"images": images(rng, 9)})
 
 
 def test_without_a_gpu_run_says_how_to_run_on_the_cpu(t4_bundle, tmp_path, monkeypatch):
