@@ -139,3 +139,14 @@ def test_a_uint8_array_that_is_not_three_channels_is_a_tensor_of_the_wrong_dtype
     np.save(tmp_path / "rgba.npy", np.random.default_rng(37).integers(0, 256, (2, 40, 50, 4), dtype=np.uint8))
     with pytest.raises(RuntimeInputError, match=r"rgba\.npy\[0\]: input 'images' is uint8, expected float32"):
         runbundle.load_samples([tmp_path / "rgba.npy"], t4_layout)
+
+
+def test_an_npz_whose_arrays_disagree_on_the_batch_is_refused(tmp_path, t4_layout):
+    """Each sample takes row i of every array: arrays of 2 and 3 rows have no common rows to pair."""
+    rng = np.random.default_rng(38)
+    images_in = t4_layout.inputs[0]
+    scale = replace(images_in, name="scale", shape=("batch", 2), min=(1, 2), opt=(1, 2), max=(8, 2))
+    np.savez(tmp_path / "pair.npz", images=rng.random((2, 3, 640, 640), dtype=np.float32),
+             scale=rng.random((3, 2), dtype=np.float32))
+    with pytest.raises(RuntimeInputError, match=r"pair\.npz: its arrays have different batch sizes \[2, 3\]"):
+        runbundle.load_samples([tmp_path / "pair.npz"], replace(t4_layout, inputs=(images_in, scale)))
