@@ -829,6 +829,20 @@ def test_letterbox_on_the_gpu_then_the_cpu_engine(lb_bundle, fake):
         assert pipe.allocations == after_load   # a new image size captures a graph, allocates nothing
 
 
+def test_graphs_for_new_image_sizes_are_kept_for_the_newest_sixteen(lb_bundle, fake):
+    """Each new image size prepares (and captures) the letterbox phase once more; past 16 such sizes the
+    oldest is dropped, and the buckets' graphs made at load are never dropped."""
+    rng = np.random.default_rng(18)
+    with Pipeline.load(lb_bundle) as pipe:
+        cache = pipe._prepared[0]
+        at_load = list(cache)
+        for h in range(40, 57):  # 17 sizes
+            pipe({"raw_images": rng.integers(0, 256, (1, h, 64, 3), dtype=np.uint8)})
+        assert list(cache)[:len(at_load)] == at_load
+        kept = [dict(reads)["raw_images"] for _, reads in list(cache)[len(at_load):]]
+    assert kept == [(1, h, 64, 3) for h in range(41, 57)]
+
+
 def test_a_users_copy_of_letterbox_gets_its_host_args_and_image_input(tmp_path, fake):
     """The letterbox's host-computed geometry and its taking raw images come from its contract's roles
     (host_args, image_input), so a copy under another name runs exactly as the built-in one."""
