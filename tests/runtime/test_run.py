@@ -22,6 +22,13 @@ def t4_layout(t4_build) -> Layout:
     return Layout.from_bundle(read_bundle(t4_build.bundle.path))
 
 
+def with_scale_input(layout: Layout) -> Layout:
+    """The layout with a second input, 'scale' [batch, 2] float32, beside its images."""
+    images_in = layout.inputs[0]
+    scale = replace(images_in, name="scale", shape=("batch", 2), min=(1, 2), opt=(1, 2), max=(8, 2))
+    return replace(layout, inputs=(images_in, scale))
+
+
 def write_bad_inputs(folder, rng) -> dict[str, str]:
     """Seeded malformed inputs: {file name: what np.load or Pillow says about it}."""
     np.save(folder / "obj.npy", np.array([{"k": 1}, None], dtype=object), allow_pickle=True)
@@ -125,11 +132,9 @@ def test_images_need_one_square_input(tmp_path, t4_layout):
     image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
     rgb = np.random.default_rng(36).integers(0, 256, (40, 50, 3), dtype=np.uint8)
     image_mod.fromarray(rgb).save(tmp_path / "img.png")
-    images_in = t4_layout.inputs[0]
-    scale = replace(images_in, name="scale", shape=("batch", 2), min=(1, 2), opt=(1, 2), max=(8, 2))
     with pytest.raises(RuntimeInputError, match="images need a pipeline with one input; this one takes images, scale"):
-        runbundle.load_samples([tmp_path / "img.png"], replace(t4_layout, inputs=(images_in, scale)))
-    wide = replace(images_in, min=(1, 3, 320, 640), opt=(1, 3, 320, 640), max=(8, 3, 320, 640))
+        runbundle.load_samples([tmp_path / "img.png"], with_scale_input(t4_layout))
+    wide = replace(t4_layout.inputs[0], min=(1, 3, 320, 640), opt=(1, 3, 320, 640), max=(8, 3, 320, 640))
     with pytest.raises(RuntimeInputError, match=r"host letterboxing needs a square \[B, 3, S, S\] input"):
         runbundle.load_samples([tmp_path / "img.png"], replace(t4_layout, inputs=(wide,)))
 
@@ -144,9 +149,14 @@ def test_a_uint8_array_that_is_not_three_channels_is_a_tensor_of_the_wrong_dtype
 def test_an_npz_whose_arrays_disagree_on_the_batch_is_refused(tmp_path, t4_layout):
     """Each sample takes row i of every array: arrays of 2 and 3 rows have no common rows to pair."""
     rng = np.random.default_rng(38)
-    images_in = t4_layout.inputs[0]
-    scale = replace(images_in, name="scale", shape=("batch", 2), min=(1, 2), opt=(1, 2), max=(8, 2))
     np.savez(tmp_path / "pair.npz", images=rng.random((2, 3, 640, 640), dtype=np.float32),
              scale=rng.random((3, 2), dtype=np.float32))
     with pytest.raises(RuntimeInputError, match=r"pair\.npz: its arrays have different batch sizes \[2, 3\]"):
-        runbundle.load_samples([tmp_path / "pair.npz"], replace(t4_layout, inputs=(images_in, scale)))
+        runbundle.load_samples([tmp_path / "pair.npz"], with_scale_input(t4_layout))
+
+
+def test_an_npy_for_a_pipeline_of_two_inputs_is_told_to_be_an_npz(tmp_path, t4_layout):
+    np.save(tmp_path / "x.npy", np.random.default_rng(39).random((1, 3, 640, 640), dtype=np.float32))
+    with pytest.raises(RuntimeInputError, match=r"x\.npy: this pipeline takes 2 inputs: give a \.npz with arrays "
+                                                r"named images, scale"):
+        runbundle.load_samples([tmp_path / "x.npy"], with_scale_input(t4_layout))
