@@ -15,6 +15,7 @@ from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.errors import RuntimeInputError
 from deepjit_compiler.runtime import run as runbundle
 from deepjit_compiler.runtime.layout import Layout
+from deepjit_compiler.surgery.references import letterbox_numpy
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +161,14 @@ def test_an_npy_for_a_pipeline_of_two_inputs_is_told_to_be_an_npz(tmp_path, t4_l
     with pytest.raises(RuntimeInputError, match=r"x\.npy: this pipeline takes 2 inputs: give a \.npz with arrays "
                                                 r"named images, scale"):
         runbundle.load_samples([tmp_path / "x.npy"], with_scale_input(t4_layout))
+
+
+def test_each_image_of_an_array_of_images_is_its_own_sample(tmp_path, t4_layout):
+    """A uint8 [N, H, W, 3] array is N images, named file[i], each letterboxed from its own pixels."""
+    bgr = np.random.default_rng(40).integers(0, 256, (2, 32, 64, 3), dtype=np.uint8)
+    np.save(tmp_path / "imgs.npy", bgr)
+    samples = runbundle.load_samples([tmp_path / "imgs.npy"], t4_layout)
+    assert [s.source for s in samples] == ["imgs.npy[0]", "imgs.npy[1]"]
+    for sample, image in zip(samples, bgr):
+        want = letterbox_numpy(image[None], size=640, dtype="float32", swap_rb=True)["images"]
+        np.testing.assert_array_equal(sample.feed["images"], want)
