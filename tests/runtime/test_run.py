@@ -172,3 +172,43 @@ def test_each_image_of_an_array_of_images_is_its_own_sample(tmp_path, t4_layout)
     for sample, image in zip(samples, bgr):
         want = letterbox_numpy(image[None], size=640, dtype="float32", swap_rb=True)["images"]
         np.testing.assert_array_equal(sample.feed["images"], want)
+
+
+def test_bench_batches_must_lie_in_1_to_the_max_batch(t4_layout):
+    assert runbundle.check_batches([1, 8], t4_layout) == [1, 8]
+    with pytest.raises(RuntimeInputError, match=r"--batch 0, 9: this bundle takes batches 1\.\.8 \(buckets 1, 2, 4, 8\)"):
+        runbundle.check_batches([0, 4, 9], t4_layout)
+
+
+def test_bench_needs_at_least_one_timed_call_and_no_negative_warmup(t4_build):
+    for warmup, iters in ((10, 0), (-1, 5)):
+        with pytest.raises(RuntimeInputError, match=rf"bench needs warmup >= 0 and iters >= 1, got {warmup} and {iters}"):
+            runbundle.bench_bundle(t4_build.bundle.path, [1], warmup=warmup, iters=iters, device="cpu")
+
+
+def test_bench_feeds_span_their_dtypes_range_at_the_opt_shape(t4_layout):
+    """Floats in [0, 1), uint8 over all of 0..255 (an [H, W, 3] raw image input), seeded."""
+    raw = replace(t4_layout.inputs[0], name="raw", dtype="uint8", shape=("batch", 64, 64, 3), min=(1, 64, 64, 3),
+                  opt=(1, 64, 64, 3), max=(8, 64, 64, 3))
+    layout = replace(t4_layout, inputs=(t4_layout.inputs[0], raw))
+    feeds = runbundle.random_feeds(layout, 3, np.random.default_rng(41))
+    assert feeds["images"].shape == (3, 3, 640, 640) and feeds["images"].dtype == np.float32
+    assert 0.0 <= feeds["images"].min() and feeds["images"].max() < 1.0
+    assert feeds["raw"].shape == (3, 64, 64, 3) and feeds["raw"].dtype == np.uint8
+    assert (feeds["raw"].min(), feeds["raw"].max()) == (0, 255)
+    again = runbundle.random_feeds(layout, 3, np.random.default_rng(41))
+    np.testing.assert_array_equal(again["raw"], feeds["raw"])
+
+
+def test_only_samples_of_one_shape_and_dtype_share_a_batch():
+    rng = np.random.default_rng(42)
+
+    def sample(name: str, shape: tuple[int, ...], dtype) -> runbundle.Sample:
+        return runbundle.Sample(name, {"images": rng.random(shape).astype(dtype)})
+
+    big, small, half = (1, 3, 64, 64), (1, 3, 32, 32), (1, 3, 64, 64)
+    samples = [sample("a", big, np.float32), sample("b", big, np.float32), sample("c", small, np.float32),
+               sample("d", half, np.float16), sample("e", big, np.float32)]
+    assert [[s.source for s in g] for g in runbundle.batches(samples, 8)] == [["a", "b"], ["c"], ["d"], ["e"]]
+    np.testing.assert_array_equal(runbundle.stack(samples[:2])["images"],
+                                  np.concatenate([samples[0].feed["images"], samples[1].feed["images"]]))
