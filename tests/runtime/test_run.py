@@ -212,3 +212,9 @@ def test_only_samples_of_one_shape_and_dtype_share_a_batch():
     assert [[s.source for s in g] for g in runbundle.batches(samples, 8)] == [["a", "b"], ["c"], ["d"], ["e"]]
     np.testing.assert_array_equal(runbundle.stack(samples[:2])["images"],
                                   np.concatenate([samples[0].feed["images"], samples[1].feed["images"]]))
+
+
+def test_a_plan_engine_on_the_cpu_is_refused_before_loading(t4_build):
+    with pytest.raises(RuntimeInputError, match="--engine plan runs a TensorRT plan, which needs a GPU: not with "
+                                                "--device cpu"):
+        runbundle.load_pipeline(t4_build.bundle.path, "cpu", engine="plan")
