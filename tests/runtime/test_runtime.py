@@ -926,6 +926,18 @@ def test_png_through_pillow(tmp_path, lb_bundle):
     assert s.size == (40, 50) and s.ratio_pad is None                         # mapped by the pipeline's ratio_pad
 
 
+def test_an_image_array_of_the_gpu_letterboxs_own_input_shape_keeps_its_size(tmp_path, lb_bundle):
+    """With the letterbox on the GPU every uint8 [H, W, 3] array is an image, even one of the raw input's
+    opt shape: its size is kept, so its boxes map back to it."""
+    layout = Layout.from_bundle(read_bundle(lb_bundle))
+    h, w = layout.inputs[0].opt[1:3]
+    bgr = np.random.default_rng(19).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    np.save(tmp_path / "frame.npy", bgr)
+    (s,) = runbundle.load_samples([tmp_path / "frame.npy"], layout)
+    assert s.size == (h, w) and s.ratio_pad is None
+    np.testing.assert_array_equal(s.feed["raw_images"][0], bgr)
+
+
 def bundle_steps_on_onnxruntime(bundle: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The bundle's steps from its manifest (segment ONNX, kernel references), each on ONNX Runtime,
     graph optimizations off (its fusions reorder the fp16 segment's math: a borderline box flips)."""
