@@ -218,3 +218,13 @@ def test_a_plan_engine_on_the_cpu_is_refused_before_loading(t4_build):
     with pytest.raises(RuntimeInputError, match="--engine plan runs a TensorRT plan, which needs a GPU: not with "
                                                 "--device cpu"):
         runbundle.load_pipeline(t4_build.bundle.path, "cpu", engine="plan")
+
+
+def test_out_refuses_a_json_file_of_the_users_and_accepts_an_earlier_run_output(tmp_path, t4_build):
+    bundle = read_bundle(t4_build.bundle.path)
+    (tmp_path / "config.json").write_text('{"bundle": "mine", "results": []}\n')
+    with pytest.raises(RuntimeInputError, match=r"config\.json: exists and is not a `deepjit run` output"):
+        runbundle.check_out(tmp_path / "config.json", bundle)
+    (tmp_path / "dets.json").write_text('{"bundle": "yolov8n", "results": [], "out": "dets.json"}\n')
+    runbundle.check_out(tmp_path / "dets.json", bundle)
+    runbundle.check_out(tmp_path / "new.json", bundle)
