@@ -1027,6 +1027,30 @@ def test_run_bundle_writes_detections_in_image_pixels(tmp_path, t4_bundle, fake)
     assert "street.npy: 1 detections (boxes in image pixels)" in runbundle.format_run(result)
 
 
+def test_run_maps_boxes_back_through_the_gpu_letterboxs_ratio_pad(tmp_path, lb_bundle, fake, monkeypatch):
+    """With the letterbox on the GPU, the boxes of an image map back through the ratio_pad it wrote."""
+    np.save(tmp_path / "frame.npy", np.random.default_rng(20).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+
+    def letterbox(grid, args):  # ratio_pad (r, left, top) = (10, 0, 80): 48 x 64 into 640
+        write_at(args[4], np.tile(np.array([10.0, 0.0, 80.0], np.float32), (grid[2], 1)))
+
+    def nms(grid, args):  # one box at x1, y1, x2, y2 = 100, 200, 300, 400 in network pixels
+        write_at(args[8], np.ones(grid[0], np.int32))
+        write_at(args[9], np.tile(np.array([100, 200, 300, 400], np.float32), (grid[0], 1)))
+
+    load = Pipeline.load
+
+    def hooked(*a, **k):
+        pipe = load(*a, **k)
+        pipe.gpu.hooks.update(letterbox=letterbox, nms=nms)
+        return pipe
+
+    monkeypatch.setattr(Pipeline, "load", hooked)
+    (rec,) = runbundle.run_bundle(lb_bundle, [tmp_path / "frame.npy"])["results"]
+    # x / 10, (y - 80) / 10, clipped to the 64 x 48 image
+    assert rec["boxes_in"] == "image" and rec["detections"][0]["box"] == [10.0, 12.0, 30.0, 32.0]
+
+
 def test_bench_bundle_reports_percentiles_and_launches(t4_bundle, fake, monkeypatch):
     with pytest.raises(RuntimeInputError, match="--batch 9: this bundle takes batches 1..8"):
         runbundle.bench_bundle(t4_bundle, [1, 9])
