@@ -118,10 +118,11 @@ def _check_described(where: Path, name: str, have, want, what: str) -> None:
     if len(dims) != len(want.shape):
         raise SpecError(f"{where}: inputs.{name}.shape: {what} has rank {len(dims)} {dims}, "
                         f"the spec gives {want.shape}")
-    for i, (m, s) in enumerate(zip(dims, want.max_shape)):
-        if isinstance(m, int) and m > 0 and m != s:
+    # The profile's whole range must fit a fixed dim: its min too, or the engine build refuses it later.
+    for i, (m, lo, hi) in enumerate(zip(dims, want.min_shape, want.max_shape)):
+        if isinstance(m, int) and m > 0 and not lo == m == hi:
             raise SpecError(f"{where}: inputs.{name}: dim {i} is fixed to {m} in {what}, "
-                            f"the spec's shape/profile allows {s}")
+                            f"the spec's shape/profile allows {lo if lo == hi else f'{lo}..{hi}'}")
 
 
 def check_input_sizes(loaded: LoadedSpec, model: onnx.ModelProto, names: list[str]) -> None:

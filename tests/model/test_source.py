@@ -2,6 +2,8 @@
 divide is exit 2 at spec check, naming the input and the sizes allowed."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -61,6 +63,38 @@ def test_a_model_input_of_unknown_rank_is_taken_as_the_spec_describes_it(tmp_pat
     with pytest.raises(SpecError, match=r"spec\.yaml: inputs\.x\.dtype: the model's 'x' is float16, the spec says "
                                         r"float32$"):
         check_inputs(loaded, model)
+
+
+def with_input(model: onnx.ModelProto, *extra: onnx.ValueInfoProto, x_shape=("N", 4, "H", "W")) -> onnx.ModelProto:
+    """`model` with input x declared as `x_shape` and the graph inputs `extra` after it."""
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape)))
+    model.graph.input.extend(extra)
+    return model
+
+
+@pytest.mark.parametrize("x_shape, message", [
+    (("N", 4, "H"), "inputs.x.shape: the model's 'x' has rank 3 ['N', 4, 'H'], the spec gives ['N', 4, 'H', 'W']"),
+    (("N", 5, "H", "W"), "inputs.x: dim 1 is fixed to 5 in the model's 'x', the spec's shape/profile allows 4"),
+    (("N", 4, 64, "W"), "inputs.x: dim 2 is fixed to 64 in the model's 'x', the spec's shape/profile allows 16..64"),
+])
+def test_a_model_input_unlike_the_spec_is_named(tmp_path, x_shape, message):
+    """A fixed model dim must hold over the whole profile: H fixed to 64 with profile H 16..64 passed the
+    dry run and failed at the engine build, naming no spec field."""
+    loaded = spec_for(tmp_path, 16, 32, 64)
+    with pytest.raises(SpecError, match=re.escape(f"{tmp_path / 'spec.yaml'}: {message}")):
+        check_inputs(loaded, with_input(skip_model(), x_shape=x_shape))
+
+
+def test_a_model_input_the_spec_does_not_describe_is_named(tmp_path):
+    loaded = spec_for(tmp_path, 16, 32, 64)
+    extra = helper.make_tensor_value_info("scale", TensorProto.FLOAT, [1])
+    with pytest.raises(SpecError, match=re.escape("inputs: the model also needs ['scale']; describe every model input")):
+        check_inputs(loaded, with_input(skip_model(), extra))
+
+
+def test_a_model_input_fixed_to_the_profiles_one_size_passes(tmp_path):
+    loaded = spec_for(tmp_path, 64, 64, 64)
+    assert check_inputs(loaded, with_input(skip_model(), x_shape=("N", 4, 64, 64))) is None
 
 
 @pytest.mark.parametrize("lo, opt, hi, which, bad", [(30, 32, 64, "min", 30), (16, 33, 64, "opt", 33),
