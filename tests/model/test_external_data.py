@@ -3,12 +3,15 @@ the weights travel in the bundle beside the model and the model's sha256 covers 
 from __future__ import annotations
 
 import hashlib
+import re
 
 import numpy as np
 import onnx
 import pytest
 from conftest import run_cli
 from conftest_models import tiny_detector
+from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import set_external_data
 
 from deepjit_compiler.errors import ModelError
 from deepjit_compiler.model.info import load_model
@@ -48,7 +51,8 @@ def test_a_folder_where_the_weights_file_should_be_is_named_as_such(tmp_path):
         load_model(path)
 
 
-def test_weights_outside_the_models_folder_are_refused(tmp_path):
+@pytest.mark.parametrize("location", ["../../etc/passwd", "/etc/passwd", "..\\..\\w.data", ""])
+def test_weights_outside_the_models_folder_are_refused(tmp_path, location):
     (tmp_path / "m").mkdir()
     model = tiny_detector()
     onnx.save(model, tmp_path / "m" / "tiny.onnx", save_as_external_data=True, location="w.data", size_threshold=0)
@@ -56,10 +60,46 @@ def test_weights_outside_the_models_folder_are_refused(tmp_path):
     for t in header.graph.initializer:
         for entry in t.external_data:
             if entry.key == "location":
-                entry.value = "../../etc/passwd"
+                entry.value = location
     onnx.save(header, tmp_path / "m" / "tiny.onnx")
-    with pytest.raises(ModelError, match="external data location '../../etc/passwd' is outside the model's folder"):
+    with pytest.raises(ModelError, match=re.escape(f"external data location '{location}' is outside the model's folder")):
         load_model(tmp_path / "m" / "tiny.onnx")
+
+
+def branch_constant_model(folder, values: np.ndarray):
+    """y = If(c) then Constant(values) else x, the constant's bytes in `k.bin` beside the model: external
+    data held by a node attribute inside a subgraph, not by an initializer."""
+    then_g = helper.make_graph([helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(values, "k"))],
+                               "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [len(values)])])
+    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, [len(values)])])
+    graph = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)], "g",
+                              [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                               helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(values)])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(values)])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    tensor = branch_constant(model)
+    (folder / "k.bin").write_bytes(tensor.raw_data)
+    set_external_data(tensor, "k.bin")
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    onnx.save(model, folder / "m.onnx")
+    return folder / "m.onnx"
+
+
+def branch_constant(model: onnx.ModelProto) -> onnx.TensorProto:
+    then_g = next(a.g for a in model.graph.node[0].attribute if a.name == "then_branch")
+    return then_g.node[0].attribute[0].t
+
+
+def test_external_data_of_a_constant_in_a_subgraph_is_loaded_and_named_when_missing(tmp_path):
+    values = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    path = branch_constant_model(tmp_path, values)
+    np.testing.assert_array_equal(numpy_helper.to_array(branch_constant(load_model(path))), values)
+    (tmp_path / "k.bin").unlink()
+    with pytest.raises(ModelError, match="its weights are stored in 'k.bin', which is missing"):
+        load_model(path)
 
 
 def test_the_bundle_carries_the_weights_and_hashes_them(tmp_path):

@@ -144,16 +144,41 @@ def test_describe_synthetic_yolov8n(tmp_path):
     print(info.to_text())
 
 
-def test_an_opset_newer_than_onnx_knows_is_named(tmp_path):
-    """ONNX Runtime refused it inside a stage (exit 3); the model's own load says so (exit 2)."""
-    from onnx import TensorProto, helper
-
+def relu_model(opset: onnx.OperatorSetIdProto) -> onnx.ModelProto:
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 99)])
+    model = helper.make_model(graph, opset_imports=[opset])
     model.ir_version = 8
-    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
-    newest = onnx.defs.onnx_opset_version()
-    with pytest.raises(ModelError, match=rf"m\.onnx: opset 99 is newer than this onnx knows \(up to {newest}\)"):
+    return model
+
+
+NEWEST = onnx.defs.onnx_opset_version()
+
+
+@pytest.mark.parametrize("domain, version", [("", 99), ("ai.onnx", NEWEST + 1)])
+def test_an_opset_newer_than_onnx_knows_is_named(tmp_path, domain, version):
+    """ONNX Runtime refused it inside a stage (exit 3); the model's own load says so (exit 2)."""
+    (tmp_path / "m.onnx").write_bytes(relu_model(helper.make_opsetid(domain, version)).SerializeToString())
+    with pytest.raises(ModelError, match=rf"m\.onnx: opset {version} is newer than this onnx knows \(up to {NEWEST}\)"):
         load_model(tmp_path / "m.onnx")
+
+
+def test_the_newest_opset_onnx_knows_loads_and_ai_onnx_is_the_default_domain(tmp_path):
+    (tmp_path / "m.onnx").write_bytes(relu_model(helper.make_opsetid("ai.onnx", NEWEST)).SerializeToString())
+    info = describe_model(tmp_path / "m.onnx")
+    assert (info.opset, info.opsets) == (NEWEST, (("ai.onnx", NEWEST),))
+
+
+def test_sparse_initializers_count_as_parameters(tiny):
+    values = numpy_helper.from_array(np.random.default_rng(2).standard_normal(3).astype(np.float32), "s")
+    indices = numpy_helper.from_array(np.array([0, 4, 9], np.int64), "s_idx")
+    tiny.graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [10]))
+    assert describe_model(tiny).parameter_count == 127 + 10
+
+
+def test_an_input_that_is_not_a_tensor_is_shown_by_its_kind(tiny):
+    tiny.graph.input.append(helper.make_tensor_sequence_value_info("frames", TensorProto.FLOAT, None))
+    tiny.graph.input.append(helper.make_tensor_value_info("raw", TensorProto.UNDEFINED, [2]))
+    assert describe_model(tiny).inputs[1:] == (TensorSig("frames", "sequence_type", None),
+                                               TensorSig("raw", "undefined", (2,)))
