@@ -74,13 +74,20 @@ def test_config_of_the_letterbox_bundle(real_bundles, tmp_path):
 def test_config_of_gpu_instances_and_the_options(real_bundles, tmp_path):
     options = TritonOptions(name="det", version=3, max_batch=1, kind="gpu", instances=2, gpus=(0, 1),
                             env="/opt/deepjit-env", dynamic_batching=False)
-    c = parsed(export_triton(real_bundles["host_letterbox"], tmp_path, options).model_dir)
+    result = export_triton(real_bundles["host_letterbox"], tmp_path, options)
+    c = parsed(result.model_dir)
     mc = model_config_pb2
+    assert not result.maps_boxes
     assert c.max_batch_size == 1 and not c.HasField("dynamic_batching")
     assert [(t.name, t.data_type, list(t.dims)) for t in c.input] == [("images", mc.TYPE_FP32, [3, 320, 320])]
     assert [(g.kind, g.count, list(g.gpus)) for g in c.instance_group] == [(mc.ModelInstanceGroup.KIND_GPU, 2, [0, 1])]
     assert c.parameters["EXECUTION_ENV_PATH"].string_value == "/opt/deepjit-env"
     assert (tmp_path / "det" / "3" / "model.py").is_file()
+
+
+def test_preferred_batch_sizes_stay_within_the_max_batch_asked(real_bundles, tmp_path):
+    c = parsed(export_triton(real_bundles["gpu_letterbox"], tmp_path, TritonOptions(name="det", max_batch=1)).model_dir)
+    assert c.max_batch_size == 1 and list(c.dynamic_batching.preferred_batch_size) == []
 
 
 def test_the_bundle_travels_whole_and_model_py_pins_its_digest(real_bundles, tmp_path):
@@ -112,6 +119,11 @@ def test_an_export_replaces_its_own_and_leaves_the_other_models(real_bundles, tm
     assert sorted(p.name for p in repo.iterdir()) == ["det", "someone_elses"]   # no staging folder left
 
 
+def _write_pyc(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"bytecode")
+
+
 def _edit_config(d: Path) -> None:
     (d / "config.pbtxt").write_text((d / "config.pbtxt").read_text().replace("max_batch_size: 2", "max_batch_size: 1"))
 
@@ -122,6 +134,11 @@ def _edit_config(d: Path) -> None:
     (lambda d: (d / "1" / "model.py").unlink(), "'1/model.py' is missing"),
     (lambda d: (d / "1" / "bundle" / "manifest.json").write_text("{}"), "its bundle 1/bundle/ does not verify"),
     (lambda d: (d / "deepjit-export.json").unlink(), "no deepjit-export.json"),
+    (lambda d: (d / "1" / "bundlex.txt").write_text("mine"), "'1/bundlex.txt' is not one of its files"),
+    (lambda d: _write_pyc(d / "1" / "__pycache__" / "evil.cpython-311.pyc"),
+     "'1/__pycache__/evil.cpython-311.pyc' is not one of its files"),
+    (lambda d: _write_pyc(d / "7" / "__pycache__" / "model.cpython-311.pyc"),
+     "'7/__pycache__/model.cpython-311.pyc' is not one of its files"),
 ])
 def test_a_model_folder_holding_what_export_did_not_write_is_refused(real_bundles, tmp_path, capsys, change, why):
     repo = tmp_path / "repo"
@@ -135,6 +152,15 @@ def test_a_model_folder_holding_what_export_did_not_write_is_refused(real_bundle
     assert tree(repo) == before
 
 
+def test_a_link_inside_an_exported_folder_is_refused(real_bundles, tmp_path):
+    repo = tmp_path / "repo"
+    export_triton(real_bundles["gpu_letterbox"], repo, TritonOptions(name="det", kind="cpu"))
+    (repo / "det" / "link").symlink_to(repo / "det" / "config.pbtxt")
+    with pytest.raises(ServeError, match=re.escape(f"{repo / 'det'}: 'link' is a link or not a plain file")):
+        export_triton(real_bundles["gpu_letterbox"], repo, TritonOptions(name="det", kind="cpu"))
+    assert (repo / "det" / "link").is_symlink()
+
+
 def test_a_users_folder_is_refused(real_bundles, tmp_path):
     user = tmp_path / "repo" / "det"
     (user / "1").mkdir(parents=True)
@@ -142,6 +168,23 @@ def test_a_users_folder_is_refused(real_bundles, tmp_path):
     with pytest.raises(ServeError, match="no deepjit-export.json"):
         export_triton(real_bundles["gpu_letterbox"], tmp_path / "repo", TritonOptions(name="det"))
     assert tree(tmp_path / "repo") == {"det/1/model.onnx": hashlib.sha256(b"a user's model").hexdigest()}
+
+
+@pytest.mark.parametrize("link_to", ["empty", "missing"])
+def test_a_link_at_the_model_folder_is_refused(real_bundles, tmp_path, link_to):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "det").symlink_to(tmp_path / link_to)
+    with pytest.raises(ServeError, match=re.escape(f"{tmp_path / 'repo' / 'det'}: exists and is not a folder")):
+        export_triton(real_bundles["gpu_letterbox"], tmp_path / "repo", TritonOptions(name="det"))
+    assert (tmp_path / "repo" / "det").is_symlink() and list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_repo_that_is_a_file_is_refused(real_bundles, tmp_path):
+    (tmp_path / "repo").write_text("a file")
+    with pytest.raises(ServeError, match=re.escape(f"{tmp_path / 'repo'}: is not a folder")):
+        export_triton(real_bundles["gpu_letterbox"], tmp_path / "repo", TritonOptions(name="det"))
+    assert (tmp_path / "repo").read_text() == "a file"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -160,6 +203,8 @@ def test_a_users_folder_is_refused(real_bundles, tmp_path):
                                            "from 1 to 9223372036854775807"),
     (["--gpus", "2147483648"], "--gpus 2147483648: distinct GPU numbers (0, 1, ... up to 2147483647)"),
     (["--gpus", ""], "give GPU numbers like 0,1"),
+    (["--gpus", "0,-1"], "--gpus 0,-1: distinct GPU numbers (0, 1, ... up to 2147483647)"),
+    (["--max-queue-delay-us", "-1"], "--max-queue-delay-us -1: a whole number from 0 to 9223372036854775807"),
     (["--max-queue-delay-us", "18446744073709551616"], "--max-queue-delay-us 18446744073709551616: a whole number "
                                                         "from 0 to 9223372036854775807"),
     (["--name", ""], "--name '': a Triton model name here is 1 to 200"),
@@ -256,6 +301,7 @@ def _input(layout, **changes):
      "whole number from 0 to 2147483647 there; pass a smaller --max-batch"),
     (lambda c: _input(c, min=(1, 32, 32, 3 * 10**19), max=(2, 1024, 1024, 3 * 10**19)),
      "manifest plan.inputs[0] ('raw_images') profile min[3] is 30000000000000000000"),
+    (lambda c: _output(c, shape=()), "manifest plan.outputs[1] ('boxes') has no batch dimension"),
     (lambda c: _input(c, max=(2, 1024, 3)), "manifest plan.inputs[0] ('raw_images'): its profile min [1, 32, 32, 3] "
                                             "and max [2, 1024, 3] do not have the 4 dims of its shape"),
 ])
@@ -263,6 +309,21 @@ def test_what_config_pbtxt_cannot_hold_is_refused(letterbox, change, message):
     layout = change(letterbox.layout)
     with pytest.raises(ServeError, match=re.escape(message)):
         model_config(layout, checked_options(layout, letterbox.view, TritonOptions(name="det")))
+
+
+@pytest.mark.parametrize("options, message", [
+    (TritonOptions(name="det", kind="tpu"), "--kind 'tpu': one of gpu, cpu"),
+    (TritonOptions(name="det", max_batch=True), "--max-batch is True: Triton's config.pbtxt holds a whole number"),
+])
+def test_options_the_cli_cannot_pass_are_refused_too(letterbox, options, message):
+    with pytest.raises(ServeError, match=re.escape(message)):
+        checked_options(letterbox.layout, letterbox.view, options)
+
+
+def test_a_profile_min_batch_above_1_is_refused(letterbox):
+    layout = _input(letterbox.layout, min=(2, 32, 32, 3))
+    with pytest.raises(ServeError, match=re.escape("its profile's min batch is 2; Triton sends batches from 1")):
+        checked_options(layout, letterbox.view, TritonOptions(name="det"))
 
 
 def test_a_huge_profile_max_batch_exports_with_a_smaller_max_batch(letterbox):
