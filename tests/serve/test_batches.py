@@ -89,6 +89,27 @@ def test_a_refused_request_gets_its_own_error_and_the_others_are_answered(photos
     assert int(results[0]["num_dets"][0]) == int(results[2]["num_dets"][0]) > 0
 
 
+class FailsAt(Spy):
+    """A spy whose pipeline refuses calls of images `height` rows high."""
+
+    def __init__(self, pipe, height: int):
+        super().__init__(pipe)
+        self.height = height
+
+    def __call__(self, feeds):
+        if feeds["raw_images"].shape[1] == self.height:
+            raise RuntimeInputError(f"refused at height {self.height}")
+        return super().__call__(feeds)
+
+
+def test_a_call_that_fails_answers_its_own_requests_with_the_error(photos, images_pipe):
+    astronaut, coffee = bgr(photos["astronaut"])[None], bgr(photos["coffee"])[None]
+    spy = FailsAt(images_pipe, coffee.shape[1])
+    results = RequestRunner(spy).run([{"raw_images": astronaut}, {"raw_images": coffee}, {"raw_images": coffee}])
+    assert [str(r) for r in results[1:]] == [f"refused at height {coffee.shape[1]}"] * 2
+    assert spy.calls == [{"raw_images": astronaut.shape}] and int(results[0]["num_dets"][0]) > 0
+
+
 def test_a_bundle_without_an_image_stage_keeps_its_boxes(real_bundles, photos):
     with CpuPipeline.load(real_bundles["host_letterbox"]) as pipe:
         assert box_mapping(pipe.layout) is None
