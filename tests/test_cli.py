@@ -10,6 +10,8 @@ import onnx
 import pytest
 from conftest import PIPELINES, run_cli
 
+from deepjit_compiler.cli import main
+
 
 def test_help_everywhere():
     for args in ([], ["build"], ["schema"], ["model", "synth"], ["inspect"], ["push"], ["pull"], ["ls"]):
@@ -91,6 +93,16 @@ def test_model_synth_refuses_to_overwrite(tmp_path):
     r = run_cli("model", "synth", "yolov8n", "-o", str(out), "--force")
     assert r.returncode == 0, r.stderr
     assert onnx.load(str(out)).graph.output[0].name == "output0"
+
+
+def test_model_synth_refuses_to_write_through_a_dangling_link(tmp_path, capsys):
+    """A link to a file not there yet is something at OUTPUT too: writing through it would create its target."""
+    link = tmp_path / "m.onnx"
+    link.symlink_to(tmp_path / "elsewhere.onnx")
+    capsys.readouterr()
+    assert main(["model", "synth", "yolov8n", "-o", str(link)]) == 2
+    assert f"{link}: exists; refusing to overwrite it" in capsys.readouterr().err
+    assert link.is_symlink() and not (tmp_path / "elsewhere.onnx").exists()
 
 
 @pytest.mark.parametrize("name, fmt", [("m.json", "json"), ("m.textproto", "textproto"), ("m.onnxtxt", "onnxtxt")])
