@@ -5,9 +5,10 @@ import json
 
 from conftest import run_cli, table_text
 
+from deepjit_compiler.bundle.archive import pack_to
 from deepjit_compiler.bundle.folder import read_bundle
 from deepjit_compiler.engines.flavours import TENSORRT_RTX
-from deepjit_compiler.report import _entries, describe, print_build
+from deepjit_compiler.report import _entries, _rule, describe, inspect_target, print_build
 
 # With TensorRT-RTX here (the README's install) the T4 build makes its plan; without it, the plan is deferred.
 RTX = TENSORRT_RTX.importable()
@@ -100,3 +101,14 @@ def test_suggest_cuts_on_a_bundle_is_refused_naming_what_it_reads(t4_build):
     message = (f"{bundle}: --suggest-cuts finds cuts in an ONNX model, and this is a bundle: give the model "
                "it was built from")
     assert f"error: {message}" in r.stderr and json.loads(r.stdout)["error"]["message"] == message
+
+
+def test_inspect_reads_a_bundle_archive_as_the_bundle(t4_build, tmp_path):
+    archive = tmp_path / "b.tar.gz"
+    pack_to(t4_build.bundle.path, archive)
+    assert inspect_target(archive).data == describe(t4_build.bundle.path) | {"path": str(archive)}
+
+
+def test_a_gate_rule_names_atol_and_rtol_each_in_its_place():
+    rule = {"atol": 0.001, "rtol": 0.25, "check_error_stat": "max"}
+    assert _rule(rule) == "gate: abs <= 0.001 or rel <= 0.25, on the max"
