@@ -97,6 +97,12 @@ def test_a_model_input_fixed_to_the_profiles_one_size_passes(tmp_path):
     assert check_inputs(loaded, with_input(skip_model(), x_shape=("N", 4, 64, 64))) is None
 
 
+def test_a_model_dim_of_0_is_taken_as_free(tmp_path):
+    """Older exporters write dim_value 0 for a dim they leave open."""
+    loaded = spec_for(tmp_path, 16, 32, 64)
+    assert check_inputs(loaded, with_input(skip_model(), x_shape=(0, 4, "H", "W"))) is None
+
+
 @pytest.mark.parametrize("lo, opt, hi, which, bad", [(30, 32, 64, "min", 30), (16, 33, 64, "opt", 33),
                                                        (16, 32, 66, "max", 66)])
 def test_a_size_the_strides_do_not_divide_is_named(tmp_path, lo, opt, hi, which, bad):
