@@ -422,6 +422,15 @@ def artifact(info, config: bytes, layer: bytes | None = None) -> tuple[bytes, di
     return manifest, blobs
 
 
+def serving(manifest: bytes, blobs: dict[str, bytes]):
+    """A fake registry's answer that serves one artifact: its manifest at any tag, its blobs by digest."""
+    def answer(method, path, headers):
+        if "/manifests/" in path:
+            return 200, {"Content-Type": OCI_MANIFEST}, manifest
+        return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+    return answer
+
+
 def test_pull_refuses_a_config_that_is_not_the_bundles_sealed_manifest(tmp_path):
     """The config's sizes bound unpacking: a registry that lifts them (keeping the digest field) must not
     let a gzip bomb through, so such a config is refused before the layer is unpacked."""
@@ -429,10 +438,7 @@ def test_pull_refuses_a_config_that_is_not_the_bundles_sealed_manifest(tmp_path)
     lifted = {**info.manifest, "files": {rel: {**e, "size": 1 << 40} for rel, e in info.manifest["files"].items()}}
     manifest, blobs = artifact(info, json.dumps(lifted).encode())
 
-    def answer(method, path, headers):
-        if "/manifests/" in path:
-            return 200, {"Content-Type": OCI_MANIFEST}, manifest
-        return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+    answer = serving(manifest, blobs)
 
     with fake_registry(answer) as registry:
         with pytest.raises(StoreError, match=f"config blob is not the sealed manifest of the bundle {info.digest}"):
@@ -452,10 +458,7 @@ def test_pull_refuses_a_layer_that_is_not_the_annotated_bundle_or_inflates_past_
                           ("bomb", f"holds more than the {declared_size(info.manifest)} bytes its bundle declares")):
         manifest, blobs = artifact(info, (info.path / "manifest.json").read_bytes(), layers[kind])
 
-        def answer(method, path, headers):
-            if "/manifests/" in path:
-                return 200, {"Content-Type": OCI_MANIFEST}, manifest
-            return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+        answer = serving(manifest, blobs)
 
         with fake_registry(answer) as registry:
             with pytest.raises(StoreError, match=f"refusing 'v1': the bundle failed verification: .*{message}"):
@@ -470,10 +473,7 @@ def test_a_pull_by_digest_refuses_a_manifest_of_another_digest(tmp_path):
     manifest, blobs = artifact(info, (info.path / "manifest.json").read_bytes())
     pinned = "sha256:" + hashlib.sha256(manifest + b" ").hexdigest()
 
-    def answer(method, path, headers):
-        if "/manifests/" in path:
-            return 200, {"Content-Type": OCI_MANIFEST}, manifest
-        return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+    answer = serving(manifest, blobs)
 
     with fake_registry(answer) as registry:
         with pytest.raises(StoreError, match=f"answered {pinned} with a manifest of digest sha256:"):
@@ -492,10 +492,7 @@ def test_a_malformed_deepjit_artifact_is_named_before_any_blob_is_fetched(tmp_pa
     manifest = json.loads(manifest)
     edit(manifest)
 
-    def answer(method, path, headers):
-        if "/manifests/" in path:
-            return 200, {"Content-Type": OCI_MANIFEST}, json.dumps(manifest).encode()
-        return (200, {}, blobs[path.rsplit("/", 1)[1]]) if "/blobs/" in path else (200, {}, b"{}")
+    answer = serving(json.dumps(manifest).encode(), blobs)
 
     with fake_registry(answer) as registry:
         with pytest.raises(StoreError, match=re.escape(f"'v1' is a malformed DeepJIT artifact (needs one "
