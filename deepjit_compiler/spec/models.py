@@ -14,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -28,6 +29,8 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 CALIBRATED = ("int8",)  # precisions whose ranges come from calibration data
 HARDWARE_COMPATIBILITY = ("none", "ampere_plus", "same_compute_capability")
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")
+# A dim or a batch size: an int as YAML writes one (pydantic's lax int took `true` as 1 and 640.0 as 640)
+Dim = Annotated[int, Strict()]
 
 
 def _resolve(value: Path, info: ValidationInfo) -> Path:
@@ -101,17 +104,17 @@ class Target(_Model):
 class Profile(_Model):
     """An optimization profile: the min/opt/max shapes an engine must accept."""
 
-    min: list[int]
-    opt: list[int]
-    max: list[int]
+    min: list[Dim]
+    opt: list[Dim]
+    max: list[Dim]
 
 
 class InputSpec(_Model):
-    shape: list[Union[int, str]] = Field(min_length=1, description="dims, the batch first; strings are symbolic "
+    shape: list[Union[Dim, str]] = Field(min_length=1, description="dims, the batch first; strings are symbolic "
                                          "(e.g. batch)")
     dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
     profile: Profile | None = None
-    buckets: list[int] | None = Field(None, min_length=1, description="batch sizes to capture CUDA graphs for")
+    buckets: list[Dim] | None = Field(None, min_length=1, description="batch sizes to capture CUDA graphs for")
 
     @model_validator(mode="after")
     def _check_profile(self) -> "InputSpec":

@@ -225,6 +225,12 @@ CALIBRATION = "  optimization_level: 3\n  calibration: {data: random, cache: cal
                                                          "are int32), got 1, 9, 8"),
     ("min: [1, 3, 640, 640]", "min: [2, 3, 640, 640]", "buckets [1] lie outside the profile's batch range 2..8"),
     ("inputs:\n  images:", "inputs: {}\nmore:\n  images:", "inputs: Dictionary should have at least 1 item"),
+    ("buckets: [1, 2, 4, 8]", "buckets: [true, 2]", "inputs.images.buckets[0]: Input should be a valid integer, "
+                                                   "got True"),
+    ("max: [8, 3, 640, 640]", "max: [8, 3, 640.0, 640]", "inputs.images.profile.max[2]: Input should be a valid "
+                                                         "integer, got 640.0"),
+    ("shape: [batch, 3, 640, 640]", "shape: [batch, 3, true, 640]", "inputs.images.shape[2]: Input should be a "
+                                                                   "valid integer, got True"),
     ("optimization_level: 3", "optimization_level: 6", "engine.optimization_level: Input should be less than or "
                                                        "equal to 5, got 6"),
     ("  optimization_level: 3", CALIBRATION, "engine.calibration.samples: Input should be greater than or equal to 1"),
