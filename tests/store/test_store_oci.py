@@ -438,9 +438,7 @@ def test_pull_refuses_a_config_that_is_not_the_bundles_sealed_manifest(tmp_path)
     lifted = {**info.manifest, "files": {rel: {**e, "size": 1 << 40} for rel, e in info.manifest["files"].items()}}
     manifest, blobs = artifact(info, json.dumps(lifted).encode())
 
-    answer = serving(manifest, blobs)
-
-    with fake_registry(answer) as registry:
+    with fake_registry(serving(manifest, blobs)) as registry:
         with pytest.raises(StoreError, match=f"config blob is not the sealed manifest of the bundle {info.digest}"):
             store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
     assert not (tmp_path / "p").exists()
@@ -458,9 +456,7 @@ def test_pull_refuses_a_layer_that_is_not_the_annotated_bundle_or_inflates_past_
                           ("bomb", f"holds more than the {declared_size(info.manifest)} bytes its bundle declares")):
         manifest, blobs = artifact(info, (info.path / "manifest.json").read_bytes(), layers[kind])
 
-        answer = serving(manifest, blobs)
-
-        with fake_registry(answer) as registry:
+        with fake_registry(serving(manifest, blobs)) as registry:
             with pytest.raises(StoreError, match=f"refusing 'v1': the bundle failed verification: .*{message}"):
                 store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
         assert not (tmp_path / "p").exists()
@@ -473,9 +469,7 @@ def test_a_pull_by_digest_refuses_a_manifest_of_another_digest(tmp_path):
     manifest, blobs = artifact(info, (info.path / "manifest.json").read_bytes())
     pinned = "sha256:" + hashlib.sha256(manifest + b" ").hexdigest()
 
-    answer = serving(manifest, blobs)
-
-    with fake_registry(answer) as registry:
+    with fake_registry(serving(manifest, blobs)) as registry:
         with pytest.raises(StoreError, match=f"answered {pinned} with a manifest of digest sha256:"):
             store.pull(f"oci://{registry.host}/t/x@{pinned}", tmp_path / "p")
     assert not any("/blobs/" in path for _, path, _ in registry.requests) and not (tmp_path / "p").exists()
@@ -492,9 +486,7 @@ def test_a_malformed_deepjit_artifact_is_named_before_any_blob_is_fetched(tmp_pa
     manifest = json.loads(manifest)
     edit(manifest)
 
-    answer = serving(json.dumps(manifest).encode(), blobs)
-
-    with fake_registry(answer) as registry:
+    with fake_registry(serving(json.dumps(manifest).encode(), blobs)) as registry:
         with pytest.raises(StoreError, match=re.escape(f"'v1' is a malformed DeepJIT artifact (needs one "
                                                        f"{LAYER_MEDIA_TYPE} layer and a {ANN_DIGEST} annotation)")):
             store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
