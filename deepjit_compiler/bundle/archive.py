@@ -151,7 +151,7 @@ class _Names:
             self.folded[folded] = rel
 
 
-def _extract_into(tar: tarfile.TarFile, root: Path, label: str, max_bytes: int) -> list[str]:
+def _extract_into(tar: tarfile.TarFile, root: Path, label: str, max_bytes: int, bound_by: str) -> list[str]:
     names = _Names(label)
     total = 0
     for member in tar:
@@ -160,7 +160,7 @@ def _extract_into(tar: tarfile.TarFile, root: Path, label: str, max_bytes: int) 
         rel = _member_path(label, member.name)
         total += max(member.size, 0)
         if total > max_bytes:  # before a byte of it is inflated: a gzip bomb stops here
-            raise BundleError(f"{label}: the archive holds more than the {max_bytes} bytes its bundle declares "
+            raise BundleError(f"{label}: the archive holds more than the {max_bytes} bytes {bound_by} "
                               f"(at member '{rel}'); refused")
         if member.issym() or member.islnk():
             raise BundleError(f"{label}: member '{rel}' is a link (to '{member.linkname}'); archives may hold files only")
@@ -205,17 +205,20 @@ def safe_extract(source: bytes | Path, dest: Path, max_bytes: int | None = None)
     Refuses (BundleError naming the member) absolute names, '..', symbolic and hard links,
     devices and fifos, names that appear twice or differ only by case, truncated or corrupt
     archives, and more than `max_bytes` of contents (what the bundle's manifest declares, when the
-    caller knows it; else a hundred times the archive's own size). `dest` must not exist or be an
+    caller knows it) or than a hundred times the archive's own size. `dest` must not exist or be an
     empty folder; on any refusal it is left untouched. Returns the extracted files' relative paths,
     sorted."""
     dest = Path(dest)
     label = "archive" if isinstance(source, (bytes, bytearray)) else str(source)
-    if max_bytes is None:
-        try:
-            size = len(source) if isinstance(source, (bytes, bytearray)) else Path(source).stat().st_size
-        except OSError as e:
-            raise BundleError(f"{label}: cannot open archive ({e.strerror})") from None
-        max_bytes = _DEFAULT_RATIO * size + _TRAILER_SLACK
+    try:
+        size = len(source) if isinstance(source, (bytes, bytearray)) else Path(source).stat().st_size
+    except OSError as e:
+        raise BundleError(f"{label}: cannot open archive ({e.strerror})") from None
+    # The ratio bounds a declared size too: a registry that forges a whole self-consistent manifest
+    # (its digest recomputed) lifts what it declares, but not what its archive may inflate to.
+    ratio_bound = _DEFAULT_RATIO * size + _TRAILER_SLACK
+    bound = (max_bytes, "its bundle declares") if max_bytes is not None and max_bytes <= ratio_bound else \
+        (ratio_bound, f"{_DEFAULT_RATIO} times its own {size} bytes allow")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BundleError(f"{dest}: exists and is not an empty folder; refusing to extract {label} over it")
     with staging_dir(dest) as stage:
@@ -227,7 +230,7 @@ def safe_extract(source: bytes | Path, dest: Path, max_bytes: int | None = None)
             raise BundleError(f"{label}: cannot open archive ({e.strerror})") from None
         try:
             with fileobj, tarfile.open(fileobj=fileobj, mode="r:gz") as tar:
-                files = _extract_into(tar, root, label, max_bytes)
+                files = _extract_into(tar, root, label, *bound)
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
             raise BundleError(f"{label}: archive is truncated or corrupt ({e}); a bundle is a folder or the "
                               ".tar.gz DeepJIT made of one") from None

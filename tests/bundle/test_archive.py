@@ -249,6 +249,28 @@ def test_safe_extract_bounds_an_archive_of_undeclared_size_by_its_own_size(tmp_p
     assert list((tmp_path / "work").iterdir()) == []
 
 
+def test_safe_extract_bounds_a_declared_size_by_the_archives_own_size_too(tmp_path, monkeypatch):
+    """A declared size past a hundred times the archive's size (a forged manifest's) does not lift the bound;
+    one under it is the bound."""
+    monkeypatch.setattr(archive, "_TRAILER_SLACK", 1 << 16)
+    data = gzip.compress(_zeros_member(8 << 20), mtime=0)
+    ratio_bound = 100 * len(data) + (1 << 16)
+    (tmp_path / "work").mkdir()
+    with pytest.raises(BundleError, match=f"holds more than the {ratio_bound} bytes 100 times its own {len(data)} "
+                                          "bytes allow"):
+        safe_extract(data, tmp_path / "work" / "x", max_bytes=1 << 40)
+    with pytest.raises(BundleError, match=f"holds more than the {ratio_bound - 1} bytes its bundle declares"):
+        safe_extract(data, tmp_path / "work" / "x", max_bytes=ratio_bound - 1)
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def _zeros_member(size: int) -> bytes:
+    """An uncompressed tar of one member of `size` zero bytes (about 1000 : 1 once gzipped)."""
+    info = tarfile.TarInfo("zeros.bin")
+    info.size = size
+    return info.tobuf(format=tarfile.PAX_FORMAT) + bytes(size)
+
+
 @pytest.mark.parametrize("manifest", [{"name": "my web app"}, ["digest", "files"], {"digest": "sha256:0"}])
 def test_archived_manifest_is_none_for_a_manifest_no_bundle_has(tmp_path, manifest):
     root = _write_tree(tmp_path / "t", {"manifest.json": json.dumps(manifest).encode(), "a.bin": b"a"},

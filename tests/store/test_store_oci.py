@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import oras.provider
 import pytest
@@ -25,7 +26,9 @@ from conftest import run_cli
 from registry import fake_registry
 
 from deepjit_compiler import store
+from deepjit_compiler.bundle import archive
 from deepjit_compiler.bundle.folder import declared_size, read_bundle, write_bundle
+from deepjit_compiler.bundle.manifest import manifest_digest
 from deepjit_compiler.errors import DeepJITError, StoreError
 from deepjit_compiler.store import open_store
 from deepjit_compiler.store.auth import origin, realm_url
@@ -460,6 +463,26 @@ def test_pull_refuses_a_layer_that_is_not_the_annotated_bundle_or_inflates_past_
             with pytest.raises(StoreError, match=f"refusing 'v1': the bundle failed verification: .*{message}"):
                 store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
         assert not (tmp_path / "p").exists()
+
+
+def test_pull_bounds_a_forged_sealed_config_by_its_layers_own_size(tmp_path, monkeypatch):
+    """A registry that forges the whole config (sizes lifted, its digest recomputed to match, the annotation
+    renamed) passes the sealed-manifest check: a hundred times the layer's own size still stops its bomb."""
+    monkeypatch.setattr(archive, "_TRAILER_SLACK", 1 << 16)
+    info = make_bundle(tmp_path / "b", 159)
+    forged = {**info.manifest, "files": {rel: {**e, "size": 1 << 40} for rel, e in info.manifest["files"].items()}}
+    forged["digest"] = manifest_digest(forged)
+    bomb = tarfile.TarInfo("zeros.bin")
+    bomb.size = 8 << 20  # about 8 kB compressed
+    layer = gzip.compress(bomb.tobuf(format=tarfile.PAX_FORMAT) + bytes(bomb.size), mtime=0)
+    manifest, blobs = artifact(SimpleNamespace(digest=forged["digest"], archive=None), json.dumps(forged).encode(),
+                               layer)
+
+    with fake_registry(serving(manifest, blobs)) as registry:
+        with pytest.raises(StoreError, match=rf"holds more than the {100 * len(layer) + (1 << 16)} bytes 100 times "
+                                             rf"its own {len(layer)} bytes allow"):
+            store.pull(f"oci://{registry.host}/t/x:v1", tmp_path / "p")
+    assert not (tmp_path / "p").exists()
 
 
 def test_a_pull_by_digest_refuses_a_manifest_of_another_digest(tmp_path):
