@@ -19,12 +19,13 @@ import onnx
 from .bundle.contents import bundle_files, bundle_manifest
 from .bundle.folder import StagedBundle, check_archive_replaceable, check_replaceable
 from .engines import EngineSettings, decide, engine_from_segment
-from .errors import GateFailed, KernelError, RuntimeInputError
+from .errors import GateFailed, KernelError, RuntimeInputError, SpecError
 from .files import atomic_write, output_lock, replace_dir, staging_dir
 from .graph.serialize import model_bytes
 from .jit.contracts import declared_detections, load_contract, resolve_params
 from .jit.fused import check_writers
 from .jit.geometry import check_launch
+from .jit.nvrtc import check_target as nvrtc_target
 from .jit.nvrtc import compile_site_kernels
 from .jit.thresholds import check_thresholds
 from .log import StageTimes
@@ -100,6 +101,7 @@ def build_pipeline(spec_path: str | Path, *, dry_run: bool = False, publish: boo
     """Build the pipeline a spec describes; raises GateFailed (exit 1) after writing a rejected bundle."""
     loaded = load_spec(spec_path)
     spec = loaded.spec
+    check_target(loaded)
     times = StageTimes()
     with times.stage("model"):
         resolved = resolve_model(loaded, write=not dry_run)
@@ -191,6 +193,16 @@ def _build(result: BuildResult, report_dir: Path, detections) -> None:
     replace_dir(report_dir, final)
 
 
+
+
+def check_target(loaded: LoadedSpec) -> None:
+    """Before any work: the target's SM is one the installed NVRTC compiles for (a spec's `sm` has no
+    table of its own: each NVRTC release adds architectures)."""
+    target = loaded.spec.target
+    try:
+        nvrtc_target(target.resolved_sm)
+    except KernelError as e:
+        raise SpecError(f"{loaded.path}: target: {e}") from None
 
 
 def check_kernel_params(loaded: LoadedSpec, plan) -> list[str]:

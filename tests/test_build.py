@@ -118,6 +118,16 @@ def test_dry_run_writes_nothing(write_spec, tmp_path):
     assert "decode" in r.stdout and "yolov8_decode" in r.stdout
 
 
+@pytest.mark.parametrize("sm", [99, 130])
+def test_a_target_nvrtc_cannot_compile_for_is_exit_2_before_any_work(write_spec, tmp_path, sm):
+    """sm: 99 (no such GPU) got past the spec and the dry run and failed at the kernels stage, after the
+    model, surgery and precision work; now it is named at once, with what the installed NVRTC targets."""
+    r = run_cli("build", str(_spec(write_spec, **{"gpu: T4": f"sm: {sm}"})), "--dry-run")
+    assert r.returncode == 2, r.stderr
+    assert f"spec.yaml: target: NVRTC 13.0 cannot target sm_{sm}; supported: sm_75, sm_80, " in r.stderr
+    assert "sm_90, sm_100" in r.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+
+
 @pytest.mark.slow  # a full build
 def test_publish_refused_by_policy(write_spec, tmp_path):
     spec = _spec(write_spec, **{"require: [graph, precision]": "require: [graph, precision, kernels]"})

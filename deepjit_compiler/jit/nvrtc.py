@@ -167,6 +167,14 @@ def supported_sms() -> tuple[int, ...]:
     return tuple(_check(nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
 
 
+def check_target(sm: int) -> None:
+    """KernelError unless the installed NVRTC compiles for sm_XX, naming the ones it does."""
+    if sm not in supported_sms():
+        major, minor = nvrtc_version()
+        raise KernelError(f"NVRTC {major}.{minor} cannot target sm_{sm}; supported: "
+                          f"{', '.join(f'sm_{s}' for s in supported_sms())}")
+
+
 @lru_cache(maxsize=1)
 def cuda_headers() -> tuple[tuple[str, ...], str]:
     """(NVRTC options that make cuda_fp16.h includable, an identity of those headers for the key)."""
@@ -228,10 +236,7 @@ def compile_source(source: KernelSource, sm: int, options: CompileOptions = Comp
 
 def _nvrtc(source: KernelSource, sm: int, options: CompileOptions, contract_path: str) -> CompiledKernel:
     """compile_source's NVRTC run, on a source and options already checked (_check_reads)."""
-    if sm not in supported_sms():
-        major, minor = nvrtc_version()
-        raise KernelError(f"NVRTC {major}.{minor} cannot target sm_{sm}; supported: "
-                          f"{', '.join(f'sm_{s}' for s in supported_sms())}")
+    check_target(sm)
     include, _ = cuda_headers()
     flags = options.flags(sm) + include
     prog = _check(nvrtc.nvrtcCreateProgram(source.code.encode(), source.filename.encode(), len(source.headers),
