@@ -1,15 +1,17 @@
 """graph/casts.py: boundary tensors stored in another float dtype, on ONNX Runtime's CPU provider."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from conftest_models import chain_model
+from conftest_models import chain_model, make_model
 
 from deepjit_compiler.graph.casts import cast_inputs, cast_outputs, round_through
 from deepjit_compiler.graph.ort import ort_session
 
 F16 = onnx.TensorProto.FLOAT16
+BF16 = onnx.TensorProto.BFLOAT16
 
 
 def run(model: onnx.ModelProto, feed: dict) -> dict[str, np.ndarray]:
@@ -70,6 +72,30 @@ def test_bad_names_and_dtypes_are_refused():
         round_through(model, {"x": "float16"}, {"x": "float32"})
 
 
+def read_back(model: onnx.ModelProto, name: str, elem_type: int) -> onnx.ModelProto:
+    """`model` with a next model wired on that reads its output `name` (of `elem_type`) and gives it as fp32."""
+    nxt = make_model([onnx.helper.make_node("Cast", [name], ["back"], to=onnx.TensorProto.FLOAT)],
+                     [onnx.helper.make_tensor_value_info(name, elem_type, ["N", 8, 8, 8])],
+                     [onnx.helper.make_tensor_value_info("back", onnx.TensorProto.FLOAT, ["N", 8, 8, 8])])
+    return onnx.compose.merge_models(model, nxt, io_map=[(name, name)])
+
+
+def test_cast_outputs_stores_the_output_in_bfloat16():
+    model = chain_model()
+    want = run(model, x_feed(4))["y"]
+    m = cast_outputs(model, {"y": "bfloat16"})
+    assert [o.type.tensor_type.elem_type for o in m.graph.output] == [BF16]
+    got = run(read_back(m, "y", BF16), x_feed(4))["back"]
+    np.testing.assert_array_equal(got, want.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_a_retyped_output_read_by_a_next_model_keeps_no_stale_type():
+    model = onnx.shape_inference.infer_shapes(chain_model())
+    model.graph.value_info.append(model.graph.output[0])  # as the extractor lists a piece's outputs
+    got = run(read_back(cast_outputs(model, {"y": "float16"}), "y", F16), x_feed(5))["back"]
+    np.testing.assert_array_equal(got, run(model, x_feed(5))["y"].astype(np.float16).astype(np.float32))
+
+
 def test_a_shape_inferred_model_is_retyped_without_stale_value_infos():
     # Plan pieces carry value infos (shape inference, the extractor): the retyped names' are dropped.
     model = onnx.shape_inference.infer_shapes(chain_model())
@@ -84,6 +110,8 @@ def test_retyping_errors_name_the_tensor():
     model = chain_model()
     with pytest.raises(ValueError, match="cannot store a tensor as 'int8'"):
         round_through(model, {"a": "int8"}, {"a": "float32"})
+    with pytest.raises(ValueError, match="cannot store a tensor as 'int8'"):
+        round_through(model, {"a": "float16"}, {"a": "int8"})
     passthrough = chain_model()
     passthrough.graph.output.append(onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 8, 8]))
     with pytest.raises(ValueError, match="cannot retype 'x': no node of graph 'test' makes it"):
@@ -94,3 +122,7 @@ def test_retyping_errors_name_the_tensor():
         n.output[:] = ["y__float32" if o == "b" else o for o in n.output]
     with pytest.raises(ValueError, match="cannot retype 'y': the graph already has a tensor named 'y__float32'"):
         cast_outputs(taken, {"y": "float16"})
+    unused = chain_model()  # an initializer no node reads takes the name too
+    unused.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(2, np.float32), "y__float32"))
+    with pytest.raises(ValueError, match="cannot retype 'y': the graph already has a tensor named 'y__float32'"):
+        cast_outputs(unused, {"y": "float16"})
