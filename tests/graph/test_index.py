@@ -58,6 +58,12 @@ def test_node_inputs_leave_out_omitted_optional_inputs():
     assert idx.producer("y") == 0 and idx.consumers("scales") == [0, 1] and idx.producer("x") is None
 
 
+def test_node_outputs_leave_out_omitted_optional_outputs():
+    model = make_model([helper.make_node("Dropout", ["x"], ["y", ""], name="drop")],
+                       [helper.make_tensor_value_info("x", F32, [2, 3])], [helper.make_tensor_value_info("y", F32, [2, 3])])
+    assert GraphIndex(model).outs(0) == ["y"]
+
+
 def test_a_node_of_constants_and_omitted_inputs_is_constant():
     const = constant_tensors(import_graph(resize_model()))
     assert "g" in const and "y" not in const
