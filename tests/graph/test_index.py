@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from conftest_models import F32, make_model
+from conftest_models import F32, chain_model, make_model
 from onnx import TensorProto, helper, numpy_helper
 
 from deepjit_compiler.graph.index import GraphIndex, constant_tensors, constant_value, import_graph
@@ -76,3 +76,11 @@ def test_constants_are_found_whatever_the_node_order():
              helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(value, "c_value"))]
     model = make_model(nodes, [], [helper.make_tensor_value_info("e", F32, [3])])
     assert {"c", "d", "e"} <= constant_tensors(import_graph(model))
+
+
+def test_one_symbolic_input_among_static_ones_is_probed_at_each_batch():
+    model = chain_model()  # x: [N, 4, 8, 8]
+    model.graph.input.append(helper.make_tensor_value_info("k", F32, [1]))  # static, read by nothing
+    idx = GraphIndex(model)
+    assert [s["y"] for s in idx.concrete_shapes()] == [(1, 8, 8, 8), (2, 8, 8, 8)]  # batches 1 and 2
+    assert idx.odd_shapes()["y"] == (3, 8, 8, 8)  # the odd probe's batch 3
