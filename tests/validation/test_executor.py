@@ -35,6 +35,14 @@ def test_steps_run_in_order_over_one_environment():
     assert seen == [("double", {"y"}), ("add_one", {"z"}), ("triple", {"w"})]
 
 
+def test_a_step_that_remakes_a_tensor_replaces_it_for_the_steps_after():
+    x = np.random.default_rng(1).uniform(-2, 2, 2).astype(np.float32)
+    runner = StepRunner([("clip", lambda env: {"x": np.clip(env["x"], 0.0, 1.0)}), ("double", scale_model("x", "y", 2.0))])
+    env = runner.tensors({"x": x})
+    np.testing.assert_array_equal(env["y"], 2 * np.clip(x, 0.0, 1.0))
+    np.testing.assert_array_equal(env["x"], np.clip(x, 0.0, 1.0))
+
+
 def test_a_step_that_reads_what_no_earlier_step_makes_is_a_wiring_error():
     runner = StepRunner([("triple", scale_model("z", "w", 3.0)), ("double", scale_model("x", "z", 2.0))])
     with pytest.raises(WiringError, match="step 'triple' reads 'z', which no earlier step produces"):
