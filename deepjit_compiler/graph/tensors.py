@@ -30,7 +30,7 @@ class TensorSig:
     @classmethod
     def from_dict(cls, d: Mapping) -> TensorSig:
         """The inverse of to_dict (a bundle manifest's tensor entries)."""
-        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+        return cls(d["name"], d["dtype"], None if d["shape"] is None else tuple(d["shape"]))
 
     @property
     def is_static(self) -> bool:
