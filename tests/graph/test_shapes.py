@@ -1,0 +1,67 @@
+"""graph/shapes.py: shape inference, input sizes and strides, symbolic dims named after the inputs."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from conftest_models import F32, chain_model, make_model
+from onnx import TensorProto, helper, numpy_helper
+
+from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes
+from deepjit_compiler.graph.tensors import sig_from_value_info, value_info_map
+
+
+def flatten_model() -> onnx.ModelProto:
+    """x [N, 4, 8, 8] -> Reshape to [Shape(x)[0], 256] -> r: its target is computed from x's shape."""
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([256], np.int64), "rest")]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "zero", "one"], ["n"]),
+             helper.make_node("Concat", ["n", "rest"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    return make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, 8, 8])],
+                      [helper.make_tensor_value_info("y", F32, None)], inits)
+
+
+def test_a_reshape_to_a_target_built_from_shape_ops_gets_its_dims():
+    inferred = infer_shapes(flatten_model())
+    sigs = {vi.name: sig_from_value_info(vi) for vi in (*inferred.graph.value_info, *inferred.graph.output)}
+    assert sigs["r"].shape == ("N", 256) and sigs["y"].shape == ("N", 256)
+
+
+def test_inferring_again_lists_each_tensor_once():
+    twice = infer_shapes(infer_shapes(chain_model()))
+    names = [vi.name for vi in twice.graph.value_info]
+    assert sorted(names) == ["a", "b", "mid", "r", "sig", "silu", "sm"]
+
+
+def run_only_model(*tail: onnx.NodeProto) -> onnx.ModelProto:
+    """x [N, 1, S, S] -> 3x3 Conv (no padding) -> a -> com.microsoft's Inverse -> b -> `tail` -> y. Inverse is
+    unknown to onnx and to ONNX Runtime's symbolic shape inference; its CPU kernel runs (on sides of 3 or more)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).uniform(-1, 1, (1, 1, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], kernel_shape=[3, 3]),
+             helper.make_node("Inverse", ["a"], ["b"], domain="com.microsoft"), *tail]
+    return make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 1, "S", "S"])],
+                      [helper.make_tensor_value_info("y", F32, None)], [w], domains=["com.microsoft"])
+
+
+def test_a_tensor_neither_shape_inference_types_is_typed_by_running_the_model():
+    model = run_only_model(helper.make_node("Relu", ["b"], ["y"]))
+    done, missing = complete_value_info(infer_shapes(model), ["b"])
+    b = value_info_map(done)["b"].type.tensor_type
+    assert missing == [] and b.elem_type == TensorProto.FLOAT
+    assert [d.dim_param or d.dim_value for d in b.shape.dim] == ["b:0", 1, "b:2", "b:3"]  # changed between the runs
+
+
+def test_a_tensor_whose_rank_changes_with_the_input_size_stays_untyped():
+    # Squeeze without axes drops the batch axis at batch 1 only
+    model = run_only_model(helper.make_node("Squeeze", ["b"], ["c"]), helper.make_node("Relu", ["c"], ["y"]))
+    assert complete_value_info(infer_shapes(model), ["c"])[1] == ["c"]
+
+
+def test_an_initializer_also_listed_as_an_input_keeps_its_value_in_the_runs():
+    # IR < 4 models list every initializer among the graph inputs: the reshape target [0, -1] is not random data
+    model = run_only_model(helper.make_node("Reshape", ["b", "target"], ["c"]), helper.make_node("Relu", ["c"], ["y"]))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0, -1], np.int64), "target"))
+    model.graph.input.append(helper.make_tensor_value_info("target", TensorProto.INT64, [2]))
+    done, missing = complete_value_info(infer_shapes(model), ["c"])
+    c = value_info_map(done)["c"].type.tensor_type
+    assert missing == [] and [d.dim_param or d.dim_value for d in c.shape.dim] == ["c:0", "c:1"]
