@@ -6,7 +6,7 @@ import onnx
 from conftest_models import F32, chain_model, make_model
 from onnx import TensorProto, helper, numpy_helper
 
-from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes
+from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes, input_dim_values
 from deepjit_compiler.graph.tensors import sig_from_value_info, value_info_map
 
 
@@ -65,3 +65,13 @@ def test_an_initializer_also_listed_as_an_input_keeps_its_value_in_the_runs():
     done, missing = complete_value_info(infer_shapes(model), ["c"])
     c = value_info_map(done)["c"].type.tensor_type
     assert missing == [] and [d.dim_param or d.dim_value for d in c.shape.dim] == ["c:0", "c:1"]
+
+
+def test_each_symbolic_input_dim_gets_its_own_size_and_none_below_32():
+    x = helper.make_tensor_value_info("x", F32, ["N", 3, "H", "W"])
+    y = helper.make_tensor_value_info("y", F32, ["N", "H", "D1", "D2", "D3"])  # H shared with x
+    model = make_model([], [x, y], [])
+    values = input_dim_values(model, batch=2, size=96)
+    assert set(values) == {"N", "H", "W", "D1", "D2", "D3"} and values["N"] == 2
+    sides = [values[k] for k in ("H", "W", "D1", "D2", "D3")]
+    assert len(set(sides[:2])) == 2 and all(32 <= v <= 96 and v % 32 == 0 for v in sides)
