@@ -6,7 +6,7 @@ import onnx
 from conftest_models import F32, chain_model, make_model
 from onnx import TensorProto, helper, numpy_helper
 
-from deepjit_compiler.graph.shapes import complete_value_info, infer_shapes, input_dim_values
+from deepjit_compiler.graph.shapes import complete_value_info, concrete_shapes, infer_shapes, input_dim_values
 from deepjit_compiler.graph.tensors import sig_from_value_info, value_info_map
 
 
@@ -75,3 +75,9 @@ def test_each_symbolic_input_dim_gets_its_own_size_and_none_below_32():
     assert set(values) == {"N", "H", "W", "D1", "D2", "D3"} and values["N"] == 2
     sides = [values[k] for k in ("H", "W", "D1", "D2", "D3")]
     assert len(set(sides[:2])) == 2 and all(32 <= v <= 96 and v % 32 == 0 for v in sides)
+
+
+def test_concrete_shapes_cover_the_weights_and_what_the_batch_makes():
+    shapes = concrete_shapes(chain_model(), batch=3)  # x: [N, 4, 8, 8]
+    assert shapes["w0"] == (8, 4, 3, 3) and shapes["flat"] == (3,)
+    assert shapes["x"] == (3, 4, 8, 8) and shapes["r"] == (3, 8, 64) and shapes["y"] == (3, 8, 8, 8)
