@@ -6,7 +6,13 @@ import onnx
 from conftest_models import F32, chain_model, make_model
 from onnx import TensorProto, helper, numpy_helper
 
-from deepjit_compiler.graph.shapes import complete_value_info, concrete_shapes, infer_shapes, input_dim_values
+from deepjit_compiler.graph.shapes import (
+    canonical_dims,
+    complete_value_info,
+    concrete_shapes,
+    infer_shapes,
+    input_dim_values,
+)
 from deepjit_compiler.graph.tensors import sig_from_value_info, value_info_map
 
 
@@ -81,3 +87,28 @@ def test_concrete_shapes_cover_the_weights_and_what_the_batch_makes():
     shapes = concrete_shapes(chain_model(), batch=3)  # x: [N, 4, 8, 8]
     assert shapes["w0"] == (8, 4, 3, 3) and shapes["flat"] == (3,)
     assert shapes["x"] == (3, 4, 8, 8) and shapes["r"] == (3, 8, 64) and shapes["y"] == (3, 8, 8, 8)
+
+
+def test_boundary_dims_are_named_after_the_input_dims_they_follow():
+    # x [N, 3, H, W] -> stride-2 Conv -> a [N, 8, H/2, W/2] -> mean over H and W -> m [N, 8, 1, 1]
+    w = numpy_helper.from_array(np.random.default_rng(1).uniform(-1, 1, (8, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("ReduceMean", ["a"], ["m"], axes=[2, 3], keepdims=1)]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 3, "H", "W"])],
+                       [helper.make_tensor_value_info("m", F32, ["N", "c", "m2", "m3"])], [w], opset=17)
+    model.graph.value_info.append(helper.make_tensor_value_info("a", F32, ["unk0", 8, "unk2", "unk3"]))
+    named = value_info_map(canonical_dims(model, ["a", "m"]))
+    dims = {n: [d.dim_param or d.dim_value for d in named[n].type.tensor_type.shape.dim] for n in ("a", "m")}
+    # the 1s of m and its 8 channels follow no input dim by one fixed factor: they keep their names
+    assert dims == {"a": ["N", 8, "H/2", "W/2"], "m": ["N", "c", "m2", "m3"]}
+
+
+def test_an_empty_dim_keeps_its_name():
+    # x [N, 4, H] -> Slice 0:0 along H -> e [N, 4, 0], which an exporter left symbolic
+    inits = [numpy_helper.from_array(np.array([0], np.int64), n) for n in ("start", "end")]
+    inits.append(numpy_helper.from_array(np.array([2], np.int64), "axis"))
+    model = make_model([helper.make_node("Slice", ["x", "start", "end", "axis"], ["e"])],
+                       [helper.make_tensor_value_info("x", F32, ["N", 4, "H"])],
+                       [helper.make_tensor_value_info("e", F32, ["N", 4, "empty"])], inits)
+    e = value_info_map(canonical_dims(model, ["e"]))["e"].type.tensor_type
+    assert [d.dim_param or d.dim_value for d in e.shape.dim] == ["N", 4, "empty"]
