@@ -33,6 +33,18 @@ def test_a_reshape_to_a_target_built_from_shape_ops_gets_its_dims():
     assert sigs["r"].shape == ("N", 256) and sigs["y"].shape == ("N", 256)
 
 
+def test_a_model_local_function_is_inferred_through():
+    fn = helper.make_function("local", "Twice", ["i"], ["o"], [helper.make_node("Add", ["i", "i"], ["o"])],
+                              [helper.make_opsetid("", 17)])
+    model = make_model([helper.make_node("Twice", ["x"], ["a"], domain="local"), helper.make_node("Relu", ["a"], ["y"])],
+                       [helper.make_tensor_value_info("x", F32, ["N", 4])], [helper.make_tensor_value_info("y", F32, None)],
+                       domains=["local"])
+    model.functions.append(fn)
+    inferred = infer_shapes(model)
+    sigs = {vi.name: sig_from_value_info(vi) for vi in (*inferred.graph.value_info, *inferred.graph.output)}
+    assert sigs["a"].shape == ("N", 4) and sigs["y"].shape == ("N", 4)
+
+
 def test_inferring_again_lists_each_tensor_once():
     twice = infer_shapes(infer_shapes(chain_model()))
     names = [vi.name for vi in twice.graph.value_info]
