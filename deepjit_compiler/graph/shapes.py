@@ -284,7 +284,8 @@ def input_stride(skeleton: onnx.ModelProto, inputs: Iterable[str], size: int = 1
                             for i, d in enumerate(vi.type.tensor_type.shape.dim)]
                   for vi in skeleton.graph.input if vi.name in names}
         inferred = infer_shapes(_at(skeleton, shapes))
-        return {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim) for vi in inferred.graph.value_info}
+        return {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+                for vi in (*inferred.graph.value_info, *inferred.graph.output)}  # an output can be the coarsest map
 
     small, large = dims_at(size), dims_at(2 * size)
     factors = {size // a for name, dims in small.items() if len(dims) == len(large.get(name, ()))

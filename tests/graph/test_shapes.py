@@ -12,6 +12,8 @@ from deepjit_compiler.graph.shapes import (
     concrete_shapes,
     infer_shapes,
     input_dim_values,
+    input_stride,
+    shape_skeleton,
 )
 from deepjit_compiler.graph.tensors import sig_from_value_info, value_info_map
 
@@ -124,3 +126,22 @@ def test_an_empty_dim_keeps_its_name():
                        [helper.make_tensor_value_info("e", F32, ["N", 4, "empty"])], inits)
     e = value_info_map(canonical_dims(model, ["e"]))["e"].type.tensor_type
     assert [d.dim_param or d.dim_value for d in e.shape.dim] == ["N", 4, "empty"]
+
+
+def test_the_stride_counts_a_map_that_is_a_graph_output():
+    # x [N, 4, H, W] -> MaxPool /2 -> p -> MaxPool /2 -> q, the output: the coarsest map is 1/4
+    pool = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], **pool), helper.make_node("MaxPool", ["p"], ["q"], **pool)]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, "H", "W"])],
+                       [helper.make_tensor_value_info("q", F32, None)])
+    assert input_stride(shape_skeleton(model), ["x"]) == 4
+
+
+def test_a_map_resized_by_a_factor_that_does_not_divide_the_size_sets_no_stride():
+    # x [N, 4, H, W] -> MaxPool /2 -> p; x -> Resize x0.3 -> r (307 at 1024, 614 at 2048: doubles, divides nothing)
+    scales = numpy_helper.from_array(np.array([1, 1, 0.3, 0.3], np.float32), "scales")
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Resize", ["x", "", "scales"], ["r"], mode="nearest")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, "H", "W"])],
+                       [helper.make_tensor_value_info(n, F32, None) for n in ("p", "r")], [scales])
+    assert input_stride(shape_skeleton(model), ["x"]) == 2
