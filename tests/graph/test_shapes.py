@@ -137,6 +137,16 @@ def test_the_stride_counts_a_map_that_is_a_graph_output():
     assert input_stride(shape_skeleton(model), ["x"]) == 4
 
 
+def test_the_stride_of_one_input_is_not_the_other_inputs():
+    # x [N, 4, H, W] -> MaxPool /2 -> p; z [N, 4, S, S] -> MaxPool /4 -> q
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxPool", ["z"], ["q"], kernel_shape=[4, 4], strides=[4, 4])]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", F32, ["N", 4, "H", "W"]),
+                               helper.make_tensor_value_info("z", F32, ["N", 4, "S", "S"])],
+                       [helper.make_tensor_value_info(n, F32, None) for n in ("p", "q")])
+    assert [input_stride(shape_skeleton(model), [n]) for n in ("x", "z")] == [2, 4]
+
+
 def test_a_map_resized_by_a_factor_that_does_not_divide_the_size_sets_no_stride():
     # x [N, 4, H, W] -> MaxPool /2 -> p; x -> Resize x0.3 -> r (307 at 1024, 614 at 2048: doubles, divides nothing)
     scales = numpy_helper.from_array(np.array([1, 1, 0.3, 0.3], np.float32), "scales")
