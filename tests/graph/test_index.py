@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from deepjit_compiler.graph.index import GraphIndex, constant_tensors, constant_value, import_graph
 
 
-def test_constant_nodes_give_their_values_in_onnx_dtypes():
+def test_constants_give_their_values_in_onnx_dtypes_and_shapes():
     rng = np.random.default_rng(0)
     f, i = float(rng.uniform(-3, 3)), int(rng.integers(1, 100))
     fs, is_ = rng.uniform(-3, 3, 4).astype(np.float32), rng.integers(1, 100, 3)
@@ -17,13 +17,16 @@ def test_constant_nodes_give_their_values_in_onnx_dtypes():
              helper.make_node("Constant", [], ["ci"], value_int=i),
              helper.make_node("Constant", [], ["cfs"], value_floats=fs.tolist()),
              helper.make_node("Constant", [], ["cis"], value_ints=is_.tolist()),
-             helper.make_node("Constant", [], ["ct"], value=numpy_helper.from_array(fs, "ct_value"))]
-    outputs = [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in ("cf", "ci", "cfs", "cis", "ct")]
-    tensors = import_graph(make_model(nodes, [], outputs)).tensors()
-    want = {"cf": np.float32(f), "ci": np.int64(i), "cfs": fs, "cis": is_.astype(np.int64), "ct": fs}
+             helper.make_node("Constant", [], ["ct"], value=numpy_helper.from_array(fs, "ct_value")),
+             helper.make_node("Identity", ["w"], ["wi"])]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None)
+               for n in ("cf", "ci", "cfs", "cis", "ct", "wi")]
+    weight = rng.uniform(-1, 1, (2, 3, 1, 1)).astype(np.float32)
+    tensors = import_graph(make_model(nodes, [], outputs, [numpy_helper.from_array(weight, "w")])).tensors()
+    want = {"cf": np.float32(f), "ci": np.int64(i), "cfs": fs, "cis": is_.astype(np.int64), "ct": fs, "w": weight}
     for name, value in want.items():
         got = constant_value(tensors[name])
-        assert got is not None and got.dtype == value.dtype, name
+        assert got is not None and got.dtype == value.dtype and got.shape == np.shape(value), name
         np.testing.assert_array_equal(got, value)
 
 
