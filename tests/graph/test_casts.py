@@ -126,3 +126,14 @@ def test_retyping_errors_name_the_tensor():
     unused.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(2, np.float32), "y__float32"))
     with pytest.raises(ValueError, match="cannot retype 'y': the graph already has a tensor named 'y__float32'"):
         cast_outputs(unused, {"y": "float16"})
+
+
+def test_round_through_rounds_a_nodes_second_output():
+    split = onnx.numpy_helper.from_array(np.array([4, 4], np.int64), "halves")
+    model = make_model([onnx.helper.make_node("Split", ["x", "halves"], ["s0", "s1"], axis=1),
+                        onnx.helper.make_node("Mul", ["s0", "s1"], ["y"])],
+                       [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 8])],
+                       [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])], [split])
+    x = {"x": np.random.default_rng(6).uniform(-2, 2, (2, 8)).astype(np.float32)}
+    got = run(round_through(model, {"s1": "float16"}, {"s1": "float32"}), x)["y"]
+    np.testing.assert_array_equal(got, x["x"][:, :4] * x["x"][:, 4:].astype(np.float16).astype(np.float32))
