@@ -71,3 +71,14 @@ def test_a_stage_whose_opset_names_the_default_domain_ai_onnx_composes():
     composed = compose_reference(chain_model(), [("post", "after", post)])
     x = np.random.default_rng(4).uniform(-2, 2, (2, 4, 8, 8)).astype(np.float32)
     np.testing.assert_array_equal(run(composed, {"x": x})["z"], run(post, run(chain_model(), {"x": x}))["z"])
+
+
+def test_stages_after_chain_in_plan_order():
+    model, first = chain_model(), relu_neg("y", "z", opset=17, ir=8)
+    second = make_model([helper.make_node("Sigmoid", ["z"], ["w"], name="sig")],
+                        [helper.make_tensor_value_info("z", F32, ["N", 8, 8, 8])],
+                        [helper.make_tensor_value_info("w", F32, ["N", 8, 8, 8])])
+    composed = compose_reference(model, [("first", "after", first), ("second", "after", second)])
+    x = np.random.default_rng(5).uniform(-2, 2, (2, 4, 8, 8)).astype(np.float32)
+    want = run(second, run(first, run(model, {"x": x})))["w"]
+    np.testing.assert_array_equal(run(composed, {"x": x})["w"], want)
