@@ -119,6 +119,21 @@ def test_independent_cuts_run_one_after_the_other():
     assert check_reassembly(plan, parallel_model(), seed=0, samples=1).passed
 
 
+
+def test_three_independent_cuts_each_run():
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Sigmoid", ["a"], ["p1"], name="sigmoid"),
+             helper.make_node("Tanh", ["a"], ["p2"], name="tanh"),
+             helper.make_node("Neg", ["a"], ["p3"], name="neg"),
+             helper.make_node("Sum", ["p1", "p2", "p3"], ["y"], name="join")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    plan = plan_from_model(model, [cut(f"c{k}", ["a"], [f"p{k}"]) for k in (1, 2, 3)])
+    assert sorted(s.name for s in plan.sites) == ["c1", "c2", "c3"]
+    assert kinds(plan)[0] == ("segment", "segment_0") and kinds(plan)[-1] == ("segment", "segment_1")
+    assert check_reassembly(plan, model, seed=0, samples=1, batch=2).passed
+
+
 def test_segments_list_tensors_in_the_models_input_and_output_order():
     # conv0 reads 'images' before relu reads 'scale'; 'z' is made after 'a' and 'rs'.
     plan = plan_from_model(two_input_model(), [cut("silu", ["a"], ["m"])])
