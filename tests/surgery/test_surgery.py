@@ -173,6 +173,13 @@ def test_constants_are_copied_into_every_piece_that_needs_them():
     assert {t.name for t in plan.step("segment_0").model.graph.initializer} == {"w0"}
 
 
+
+def test_pieces_keep_the_models_ir_version_and_are_named_after_their_step():
+    plan = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])])  # chain_model is IR 8
+    assert [(s.onnx.graph.name, s.onnx.ir_version, s.onnx.producer_name) for s in plan.steps] == [
+        ("segment_0", 8, "deepjit"), ("soft", 8, "deepjit"), ("segment_1", 8, "deepjit")]
+
+
 def test_shape_read_outside_the_cut_is_taken_from_an_input_with_the_same_dims():
     model = shape_model()
     plan = plan_from_model(model, [cut("head", ["g"], ["y"])])
