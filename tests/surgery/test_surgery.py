@@ -194,6 +194,31 @@ def test_shape_read_outside_the_cut_is_taken_from_an_input_with_the_same_dims():
     assert check_reassembly(plan, model, seed=3, samples=2, dims={"H": 6, "W": 10}).passed
 
 
+
+def test_shape_read_of_a_tensor_made_inside_the_cut_needs_no_substitute():
+    # Shape(r) with r made inside the cut: no cut input has r's rank, and none needs to.
+    flat = onnx.numpy_helper.from_array(np.array([0, -1], np.int64), "flat")
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"),
+             helper.make_node("Reshape", ["a", "flat"], ["r"], name="flatten"),
+             helper.make_node("Softmax", ["r"], ["sm"], name="softmax", axis=1),
+             helper.make_node("Shape", ["r"], ["shape_r"], name="shape"),
+             helper.make_node("Reshape", ["sm", "shape_r"], ["y"], name="reshape")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, "L"])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None])], [flat])
+    plan = plan_from_model(model, [cut("tail", ["a"], ["y"])])
+    assert "shape_reads" not in plan.step("tail").facts
+    assert check_reassembly(plan, model, seed=1, samples=1, batch=2, dims={"L": 6}).passed
+
+
+def test_shape_read_may_take_a_cut_input_that_is_read_for_its_shape_only():
+    # 'ya' = Relu(a) has a's shape at every size; listed first, it stands in for a and is read for nothing else.
+    model = stride_read_model()
+    plan = plan_from_model(model, [cut("head", ["ya", "g"], ["y"])])
+    assert plan.step("head").facts["shape_reads"] == {"a": "ya"}
+    assert names(plan.step("head").inputs) == ["ya", "g"]
+    assert check_reassembly(plan, model, seed=3, samples=1, batch=2, dims={"H": 7, "W": 9}).passed
+
+
 def test_shape_read_takes_an_input_whose_dims_match_at_every_batch():
     # 'k' (batch 1) has a's batch at N = 1 only; listed first, it must still not be taken. The model
     # takes even sizes only, so only the two even probe sizes can tell.
@@ -407,6 +432,21 @@ def test_shape_read_without_a_matching_input():
     # Listing it as an input works (the reference then reads it).
     plan = plan_from_model(shape_model(read_channels=True), [cut("head", ["g", "a"], ["y"])])
     assert names(plan.step("head").inputs) == ["g", "a"]
+
+
+
+def test_shape_read_used_whole_reads_every_dim():
+    # Besides the Gather of H and W, the shape is also summed whole: a's channels count, which g lacks.
+    model = shape_model()
+    model.graph.node.extend([
+        helper.make_node("Cast", ["shape_a"], ["shape_f"], name="shape_f", to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["shape_f"], ["total"], name="total", keepdims=0),
+        helper.make_node("Mul", ["sg", "total"], ["sgt"], name="scale")])
+    flatten = next(n for n in model.graph.node if n.name == "flatten")
+    flatten.input[0] = "sgt"
+    with pytest.raises(SurgeryError, match="cut 'head': node 'shape' reads the shape of 'a', which is outside the "
+                                           "cut, and no cut input has the same dims"):
+        plan_from_model(model, [cut("head", ["g"], ["y"])])
 
 
 @pytest.mark.parametrize("cuts, message", [
