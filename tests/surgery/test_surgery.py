@@ -496,9 +496,42 @@ def test_added_stage_refuses_to_shadow_a_model_tensor():
         plan_from_model(model, [CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms"),))])
 
 
+
+def test_added_stages_refuse_to_shadow_another_model_input_or_output():
+    model = tiny_detector()
+    model.graph.node.append(helper.make_node("Identity", ["cls"], ["scores"], name="scores"))
+    model.graph.output.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", 3, 16]))
+    with pytest.raises(SurgeryError, match="added stage 'n' produces tensor 'scores', but the model already has one"):
+        plan_from_model(model, [CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms"),))])
+    model = tiny_detector()
+    model.graph.node.append(helper.make_node("Identity", ["cls"], ["ratio_pad"], name="ratio_pad"))
+    model.graph.output.append(helper.make_tensor_value_info("ratio_pad", TensorProto.FLOAT, ["N", 3, 16]))
+    with pytest.raises(SurgeryError, match="added stage 'lb' produces tensor 'ratio_pad', but the model already has one"):
+        plan_from_model(model, [CutRequest("lb", add="before", at="images",
+                                           kernels=(KernelRequest("letterbox", {"size": 32}),))])
+
+
 def test_nms_needs_a_detections_shaped_output():
     with pytest.raises(SurgeryError, match=r"nms needs detections float32 \[B, 4 \+ nc, anchors\]"):
         plan_from_model(chain_model(), [CutRequest("n", add="after", at="y", kernels=(KernelRequest("nms"),))])
+
+
+
+def test_nms_needs_a_fixed_number_of_classes():
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C", 16])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C", 16])])
+    with pytest.raises(SurgeryError, match=r"nms needs detections float32 \[B, 4 \+ nc, anchors\] with a fixed 4 \+ nc, "
+                                           r"but 'y' is float32 \['N', 'C', 16\]"):
+        plan_from_model(model, [CutRequest("n", add="after", at="y", kernels=(KernelRequest("nms"),))])
+
+
+def test_nms_on_the_second_model_output_keeps_the_first():
+    model = tiny_detector()
+    model.graph.output.insert(0, helper.make_tensor_value_info("feat", TensorProto.FLOAT, ["N", 7, 4, 4]))
+    plan = plan_from_model(model, [CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms"),))])
+    assert names(plan.outputs) == ["feat", "num_dets", "boxes", "scores", "classes"]
+    assert plan.step("n").inputs == (TensorSig("output0", "float32", ("N", 7, 16)),)
 
 
 # --- onnx helpers -------------------------------------------------------------------------------
