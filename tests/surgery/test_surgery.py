@@ -601,6 +601,15 @@ def test_plan_step_names_a_missing_step():
     plan = plan_from_model(chain_model(), [cut("soft", ["a"], ["mid"])])
     with pytest.raises(KeyError, match="no step 'sfot' \\(did you mean 'soft'\\?\\)"):
         plan.step("sfot")
+    with pytest.raises(KeyError, match="no step 'segment'"):  # a prefix of 'segment_0' names no step
+        plan.step("segment")
+
+
+def test_plan_digest_covers_the_step_names():
+    def digest(name):
+        return plan_from_model(tiny_detector(), [CutRequest(name, add="after", at="output0",
+                                                            kernels=(KernelRequest("nms"),))]).digest()
+    assert digest("nms") == digest("nms") != digest("nms_2")
 
 
 def test_a_boundary_typed_only_by_the_models_value_info_is_cut():
