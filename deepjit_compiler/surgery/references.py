@@ -86,8 +86,8 @@ def letterbox_params(params: Mapping[str, Any]) -> dict[str, Any]:
         raise SurgeryError(f"letterbox: dtype must be one of {sorted(LETTERBOX_DTYPES)}, got {p['dtype']!r}")
     if not isinstance(p["swap_rb"], bool):
         raise SurgeryError(f"letterbox: swap_rb must be true or false, got {p['swap_rb']!r}")
-    if not 0 <= float(p["pad_value"]) <= 255:
-        raise SurgeryError(f"letterbox: pad_value must be in [0, 255], got {p['pad_value']!r}")
+    if not _number(p["pad_value"]) or not 0 <= p["pad_value"] <= 255:
+        raise SurgeryError(f"letterbox: pad_value must be a number in [0, 255], got {p['pad_value']!r}")
     return p
 
 

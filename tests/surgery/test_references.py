@@ -187,7 +187,10 @@ def test_letterbox_reference_has_symbolic_batch_and_size():
 
 @pytest.mark.parametrize("bad, match", [({"size": 0}, "size"), ({"dtype": "int8"}, "dtype"),
                                         ({"pad_value": 300}, "pad_value"), ({"swap_rb": 1}, "swap_rb"),
-                                        ({"size": True}, "size"), ({"pad_value": -1}, "pad_value")])
+                                        ({"size": True}, "size"), ({"pad_value": -1}, "pad_value"),
+                                        ({"pad_value": "abc"}, r"pad_value must be a number in \[0, 255\], got 'abc'"),
+                                        ({"pad_value": None}, r"pad_value must be a number in \[0, 255\], got None"),
+                                        ({"pad_value": "100"}, "pad_value"), ({"pad_value": True}, "pad_value")])
 def test_letterbox_rejects_bad_params(bad, match):
     with pytest.raises(SurgeryError, match=match):
         letterbox_reference(**bad)

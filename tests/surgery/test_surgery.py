@@ -476,6 +476,8 @@ def test_shape_read_used_whole_reads_every_dim():
      "added stage 'n': nms: iou_threshold must be a number in [0, 1], got [0.5]"),
     ([CutRequest("lb", add="before", at="images", kernels=(KernelRequest("letterbox", {"size": 2**40}),))],
      "letterbox: size must be an integer from 1 to 2147483647"),
+    ([CutRequest("lb", add="before", at="images", kernels=(KernelRequest("letterbox", {"size": 32, "pad_value": "grey"}),))],
+     "added stage 'lb': letterbox: pad_value must be a number in [0, 255], got 'grey'"),
     ([CutRequest("n", add="after", at="output0", kernels=())], "added stage 'n' needs a kernel"),
     ([CutRequest("n", add="after", at="output0", kernels=(KernelRequest("nms"),)),
       CutRequest("m", add="after", at="output0", kernels=(KernelRequest("nms"),))], "both attach at 'output0'"),
