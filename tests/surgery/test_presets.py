@@ -119,12 +119,13 @@ def test_preset_across_opsets(opset, dynamic):
     assert check_reassembly(plan, model, seed=2, samples=1, dims={"height": 320, "width": 256}).passed
 
 
-def test_preset_with_fixed_batch():
-    model = synth(batch=2)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_preset_with_fixed_batch(batch):
+    model = synth(batch=batch)
     plan = decode_plan(model)
     site = plan.step("decode")
-    assert site.inputs[0].shape == (2, 64, 40, 40) and site.outputs[0].shape == (2, 84, 2100)
-    assert check_reassembly(plan, model, seed=0, samples=1, batch=2).passed
+    assert site.inputs[0].shape == (batch, 64, 40, 40) and site.outputs[0].shape == (batch, 84, 2100)
+    assert check_reassembly(plan, model, seed=0, samples=1, batch=batch).passed
 
 
 @pytest.mark.slow
@@ -175,6 +176,10 @@ def _no_softmax(m):  # the DFL distribution through a Relu instead
     del sm.attribute[:]
 
 
+def _no_stride_mul(m):  # the boxes divided by the strides instead of multiplied
+    next(n for n in m.graph.node if n.name == "/model.22/Mul").op_type = "Div"
+
+
 def _no_dist2bbox(m):  # the distances multiplied by the anchors, never added to or subtracted from them
     for n in m.graph.node:
         if n.op_type in ("Sub", "Add") and n.name.startswith("/model.22/") and "/cv" not in n.name:
@@ -190,6 +195,7 @@ def _no_dist2bbox(m):  # the distances multiplied by the anchors, never added to
     (_no_dist2bbox, "preset 'yolov8_decode': no dist2bbox (Sub/Add against the anchor points)"),
     (_identity_last, "detections output 'output0' is not made by a Concat (boxes, class scores); it comes from a Identity"),
     (_no_sigmoid, "preset 'yolov8_decode': no class Sigmoid between the head convs and 'output0'"),
+    (_no_stride_mul, "preset 'yolov8_decode': no stride Mul between the head convs and 'output0'"),
 ])
 def test_preset_refuses_what_is_not_a_yolov8_decode(edit, message):
     model = synth()
@@ -207,6 +213,27 @@ def test_preset_takes_a_shape_read_of_the_dfl_as_no_second_detections_output():
     assert match.inputs == tuple(head_names()) and match.outputs == ("output0",)
 
 
+def test_preset_takes_a_one_channel_conv_of_weight_zero_for_no_dfl():
+    # Its weight is arange(1), but one bin is no distribution: the DFL is still the one conv.
+    model = synth()
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros((1, 1, 1, 1), np.float32), "w_one"))
+    model.graph.node.append(helper.make_node("Conv", ["/model.22/dfl/conv/Conv_output_0", "w_one"], ["one"], name="one"))
+    match = yolov8_decode(model)
+    assert match.inputs == tuple(head_names()) and match.facts["reg_max"] == 16
+
+
+def test_preset_without_a_known_image_input_leaves_the_strides_unknown():
+    # Two 4-D inputs are blended into the stem: neither is the image, so no level's stride is known
+    # and there is no decode to check the cut against.
+    model = synth()
+    model.graph.node[0].input[0] = "blend"
+    model.graph.node.insert(0, helper.make_node("Add", ["images", "overlay"], ["blend"], name="blend"))
+    model.graph.input.append(helper.make_tensor_value_info("overlay", TensorProto.FLOAT, ["batch", 3, IMGSZ, IMGSZ]))
+    site = decode_plan(model).step("decode")
+    assert site.facts["strides"] == [None, None, None] and site.facts["input"] is None
+    assert [i.name for i in site.reference.graph.input] == head_names()
+
+
 def test_preset_dtype_facts_name_the_head_and_the_output_apart():
     model = synth()  # output0 made in float16 from float32 head maps
     concat = next(n for n in model.graph.node if "output0" in n.output)
@@ -219,6 +246,14 @@ def test_preset_dtype_facts_name_the_head_and_the_output_apart():
 
 def _anchor_concats(m):  # the box then the class maps' level flattening (Concat along axis 2)
     return [n for n in m.graph.node if n.op_type == "Concat" and n.attribute[0].i == 2]
+
+
+def test_preset_takes_a_level_flattening_along_axis_minus_one():
+    model = synth()
+    for cat in _anchor_concats(model):  # [B, C, H*W] maps: axis -1 is axis 2
+        cat.attribute[0].i = -1
+    match = yolov8_decode(model)
+    assert match.inputs == tuple(head_names()) and match.facts["strides"] == STRIDES
 
 
 def _class_levels_swapped(m):  # box maps in level order, class maps of levels 0 and 1 swapped
@@ -412,3 +447,28 @@ def test_the_decode_check_takes_the_rounding_of_an_fp16_decode():
     check_detect_decode(fp16, shapes, STRIDES, 16)
     with pytest.raises(SurgeryError, match="the cut computes another decode"):
         check_detect_decode(fp16, shapes, [s * 1.0625 for s in STRIDES], 16)
+
+
+def _scores_of_the_first_image(m):  # every image's class logits are image 0's, broadcast over the batch
+    sig = next(n for n in m.graph.node if n.name == "/model.22/Sigmoid")
+    logits = sig.input[0]
+    m.graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "image_0"),
+                                numpy_helper.from_array(np.array(0.0, np.float32), "nought")])
+    at = list(m.graph.node).index(sig)
+    for k, node in enumerate([helper.make_node("Gather", [logits, "image_0"], ["first"], name="first", axis=0),
+                              helper.make_node("Mul", [logits, "nought"], ["none"], name="none"),
+                              helper.make_node("Add", ["first", "none"], ["mixed"], name="mixed")]):
+        m.graph.node.insert(at + k, node)
+    sig.input[0] = "mixed"
+
+
+def test_preset_refuses_a_decode_that_mixes_the_images_of_a_batch():
+    """At batch 1 this is ultralytics' decode; the check decodes two images, and image 1's scores are not its own."""
+    model = synth()
+    _scores_of_the_first_image(model)
+    x = np.random.default_rng(8).random((2, 3, IMGSZ, IMGSZ), dtype=np.float32)
+    out = ort_session(model).run(None, {"images": x})[0]
+    np.testing.assert_array_equal(out[1, 4:], out[0, 4:])  # it runs, and image 1 has image 0's scores
+    with pytest.raises(SurgeryError, match=r"the cut computes another decode .* its class \d+ score at anchor \d+ "
+                                           r"of image 1 is"):
+        decode_plan(model)
