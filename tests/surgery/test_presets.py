@@ -234,6 +234,25 @@ def test_preset_without_a_known_image_input_leaves_the_strides_unknown():
     assert [i.name for i in site.reference.graph.input] == head_names()
 
 
+def test_preset_takes_the_image_input_beside_an_input_of_another_rank():
+    # A gain [1] multiplied into the images feeds the head too, but only a 4-D input is the image.
+    model = synth()
+    model.graph.node[0].input[0] = "gained"
+    model.graph.node.insert(0, helper.make_node("Mul", ["images", "gain"], ["gained"], name="gain"))
+    model.graph.input.append(helper.make_tensor_value_info("gain", TensorProto.FLOAT, [1]))
+    facts = yolov8_decode(model).facts
+    assert (facts["strides"], facts["input"]) == (STRIDES, "images")
+
+
+def test_preset_names_the_level_sizes_after_the_image_dims():
+    model = synth(dynamic=True)
+    for dim, name in zip(model.graph.input[0].type.tensor_type.shape.dim[2:], ("H", "W")):
+        dim.dim_param = name
+    facts = yolov8_decode(model).facts
+    assert [(lv["height"], lv["width"]) for lv in facts["levels"]] == [(f"H/{s}", f"W/{s}") for s in STRIDES]
+    assert facts["input_size"] == ["H", "W"]
+
+
 def test_preset_dtype_facts_name_the_head_and_the_output_apart():
     model = synth()  # output0 made in float16 from float32 head maps
     concat = next(n for n in model.graph.node if "output0" in n.output)
