@@ -491,3 +491,63 @@ def test_preset_refuses_a_decode_that_mixes_the_images_of_a_batch():
     with pytest.raises(SurgeryError, match=r"the cut computes another decode .* its class \d+ score at anchor \d+ "
                                            r"of image 1 is"):
         decode_plan(model)
+
+
+def _anchors_shifted(m, dx: float, dy: float):  # the static anchors moved by (dx, dy) cells
+    t = next(t for t in m.graph.initializer if t.name == "/model.22/anchors")
+    v = numpy_helper.to_array(t) + np.array([dx, dy], np.float32)[None, :, None]
+    t.CopyFrom(numpy_helper.from_array(v.astype(np.float32), t.name))
+
+
+def _class_7_biased(m):  # 0.15 added to class 7's logits: its scores off by up to 0.04
+    sig = next(n for n in m.graph.node if n.name == "/model.22/Sigmoid")
+    bias = np.zeros((1, 80, 1), np.float32)
+    bias[0, 7] = 0.15
+    m.graph.initializer.append(numpy_helper.from_array(bias, "class_bias"))
+    m.graph.node.insert(list(m.graph.node).index(sig), helper.make_node("Add", [sig.input[0], "class_bias"], ["biased"]))
+    sig.input[0] = "biased"
+
+
+def _scores_nan_below_half(m):  # score + 0 * log(score - 0.5): the same scores above 0.5, NaN below
+    sig = next(n for n in m.graph.node if n.name == "/model.22/Sigmoid")
+    cat = next(n for n in m.graph.node if "output0" in n.output)
+    m.graph.initializer.extend([numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+                                numpy_helper.from_array(np.array(0.0, np.float32), "nil")])
+    m.graph.node.extend([helper.make_node("Sub", [sig.output[0], "half"], ["centred"]),
+                         helper.make_node("Log", ["centred"], ["log"]),
+                         helper.make_node("Mul", ["log", "nil"], ["nought_or_nan"]),
+                         helper.make_node("Add", [sig.output[0], "nought_or_nan"], ["scores_or_nan"])])
+    cat.input[1] = "scores_or_nan"
+
+
+def _dfl_logits_clipped(m):  # the DFL logits clipped to [-3, 3]: the same decode while they stay inside
+    sm = next(n for n in m.graph.node if n.op_type == "Softmax")
+    m.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((-3, "lo"), (3, "hi"))])
+    m.graph.node.insert(list(m.graph.node).index(sm), helper.make_node("Clip", [sm.input[0], "lo", "hi"], ["clipped"]))
+    sm.input[0] = "clipped"
+
+
+@pytest.mark.parametrize("edit, rows", [
+    (lambda m: _anchors_shifted(m, -0.5, 0.0), {"cx"}),
+    (lambda m: _anchors_shifted(m, 0.3, 0.3), {"cx", "cy"}),
+    (_class_7_biased, {"class 7 score"}),
+    (_scores_nan_below_half, {f"class {k} score" for k in range(80)}),
+    (_dfl_logits_clipped, {"cx", "cy", "w", "h"}),
+], ids=["x_at_corners", "three_tenths_of_a_cell", "class_7_biased", "nan_scores", "dfl_clipped"])
+def test_the_decode_check_names_what_differs_past_its_tolerance(edit, rows):
+    """Each decode is off by a third of a cell or more, by 0.04 in one class's scores, NaN in some, or only
+    where a head map's logits are large: the check refuses it and names the row that differs."""
+    model = synth()
+    edit(model)
+    with pytest.raises(SurgeryError, match="the cut computes another decode") as e:
+        decode_plan(model)
+    found = re.search(r"its (.+) at anchor \d+ of image [01] is", str(e.value))
+    assert found and found[1] in rows, str(e.value)
+
+
+def test_the_decode_check_refuses_an_output_of_another_shape():
+    site = decode_plan(synth()).step("decode")
+    shapes = [(2, 64 if k % 2 == 0 else 80, IMGSZ // s, IMGSZ // s) for s in STRIDES for k in range(2)]
+    with pytest.raises(SurgeryError, match=r"the cut's output is \[2, 84, 2100\] on head maps \[\[2, 64, 40, 40\], .*; "
+                                           r"ultralytics' decode gives \[2, 84, 2000\]"):
+        check_detect_decode(site.reference, shapes, STRIDES[:2], 16)
