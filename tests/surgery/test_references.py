@@ -70,6 +70,8 @@ def test_nms_suppresses_within_a_class_only_unless_agnostic():
     agnostic = run(nms_reference(2, max_det=10, agnostic=True), output0=x)
     assert agnostic["num_dets"].tolist() == [1]
     assert agnostic["classes"][0, 0] == 0
+    assert nms_numpy(x, max_det=10)["num_dets"].tolist() == [2]  # the oracle agrees
+    assert nms_numpy(x, max_det=10, agnostic=True)["num_dets"].tolist() == [1]
 
 
 def test_nms_thresholds_are_strict():
@@ -77,9 +79,19 @@ def test_nms_thresholds_are_strict():
     x = as_output0([(1, 1, 2, 2, 0.9), (1, 0.5, 2, 1, 0.8), (30, 30, 4, 4, 0.25)])
     out = run(nms_reference(1, conf_threshold=0.25, iou_threshold=0.5, max_det=5), output0=x)
     assert out["num_dets"].tolist() == [2]
+    assert nms_numpy(x, conf_threshold=0.25, iou_threshold=0.5, max_det=5)["num_dets"].tolist() == [2]
     np.testing.assert_array_equal(out["boxes"][0, :2], [[0, 0, 2, 2], [0, 0, 2, 1]])
     out = run(nms_reference(1, conf_threshold=0.25, iou_threshold=0.49, max_det=5), output0=x)
     assert out["num_dets"].tolist() == [1]
+
+
+def test_nms_ties_keep_the_lower_anchor_first():
+    # 100 boxes apart from one another on a 10 x 10 grid, every one scoring 0.5: kept in anchor order by both.
+    x = as_output0([(10 + 20 * (k % 10), 10 + 20 * (k // 10), 8, 8, 0.5) for k in range(100)])
+    for out in (run(nms_reference(1), output0=x), nms_numpy(x)):
+        assert out["num_dets"].tolist() == [100]
+        np.testing.assert_array_equal(out["boxes"][0, :100, :2], [[6 + 20 * (k % 10), 6 + 20 * (k // 10)]
+                                                                  for k in range(100)])
 
 
 def test_nms_ties_take_the_lowest_class():
@@ -129,7 +141,8 @@ def test_nms_takes_the_ends_of_its_ranges():
 # --- letterbox ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("h, w", [(48, 80), (100, 37), (64, 64), (17, 200), (20, 30), (31, 33), (64, 37)])  # dw 27: odd
+@pytest.mark.parametrize("h, w", [(48, 80), (100, 37), (64, 64), (17, 200), (20, 30), (31, 33), (64, 37),
+                                  (3, 200)])  # dw 27: odd; 3 rows resized to 1
 @pytest.mark.parametrize("swap_rb", [True, False])
 def test_letterbox_matches_oracle(h, w, swap_rb):
     rng = np.random.default_rng(h * 1000 + w)
