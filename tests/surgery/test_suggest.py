@@ -30,6 +30,9 @@ def test_top_suggestion_on_yolov8_is_the_decode(layout, dynamic):
     assert [s.nodes for s in found] == sorted((s.nodes for s in found), reverse=True)
     spec = yaml.safe_load(top.yaml_snippet(name="decode"))
     assert spec == {"cuts": [{"name": "decode", "preset": "yolov8_decode", "kernels": [{"contract": "yolov8_decode"}]}]}
+    assert top.yaml_snippet().startswith("# preset 'yolov8_decode' finds this boundary: 6 inputs -> output0\n")
+    mine = yaml.safe_load(top.yaml_snippet(contract="my_decode"))["cuts"][0]["kernels"]
+    assert mine == [{"contract": "my_decode"}]  # a contract given wins over the preset's
 
 
 def test_suggestion_round_trips_through_surgery():
@@ -45,9 +48,8 @@ def test_suggestion_round_trips_through_surgery():
 
 
 def test_regions_between_heavy_ops_are_found_and_ranked():
-    found = suggest_cuts(two_cut_model())
-    assert [(s.inputs, s.outputs, s.nodes) for s in found] == [(("a",), ("m1",), 2), (("b",), ("m2",), 2)] or \
-        [(s.inputs, s.outputs, s.nodes) for s in found] == [(("b",), ("m2",), 2), (("a",), ("m1",), 2)]
+    found = suggest_cuts(two_cut_model())  # as many nodes: the one nearer the outputs first
+    assert [(s.inputs, s.outputs, s.nodes) for s in found] == [(("b",), ("m2",), 2), (("a",), ("m1",), 2)]
     # The lone Add after the last conv is a single launch: not worth a kernel by default.
     assert all(s.nodes >= 2 for s in found)
     assert len(suggest_cuts(two_cut_model(), min_nodes=1)) == 3
@@ -78,12 +80,56 @@ def test_non_convex_regions_are_split_into_cuttable_pieces():
         assert check_reassembly(plan, c2f_model(), seed=0, samples=1).passed
 
 
+def test_a_region_that_reads_a_model_input_and_makes_a_model_output_is_at_the_tail():
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"], name="sigmoid"), helper.make_node("Mul", ["x", "s"], ["y"], name="mul")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    [only] = suggest_cuts(model)
+    assert (only.inputs, only.outputs, only.position) == (("x",), ("y",), "tail")
+    assert only.to_dict() == {"inputs": ["x"], "outputs": ["y"], "nodes": 2, "ops": {"Sigmoid": 1, "Mul": 1},
+                              "position": "tail", "preset": None, "yaml": only.yaml_snippet()}
+
+
+def test_a_shape_read_no_input_can_stand_in_for_becomes_an_input():
+    # Shape(a)[1] reads a's 8 channels; g has 2, so the suggestion lists 'a' too, and cuts as it stands.
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 4, 1, 1)).astype(np.float32), "w0"),
+             numpy_helper.from_array(rng.standard_normal((2, 8, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(np.array([1], np.int64), "channel")]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], name="conv0"), helper.make_node("Conv", ["a", "w1"], ["g"], name="conv1", pads=[1] * 4),
+             helper.make_node("Shape", ["a"], ["shape_a"], name="shape"),
+             helper.make_node("Gather", ["shape_a", "channel"], ["c"], name="gather", axis=0),
+             helper.make_node("Cast", ["c"], ["cf"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Sigmoid", ["g"], ["sg"], name="sigmoid"), helper.make_node("Mul", ["sg", "cf"], ["y"], name="mul")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 6, 6])], inits)
+    top = suggest_cuts(model)[0]
+    assert (top.inputs, top.outputs) == (("g", "a"), ("y",))
+    plan = plan_from_model(model, [CutRequest("w", inputs=top.inputs, outputs=top.outputs, kernels=(KernelRequest("k"),))])
+    assert check_reassembly(plan, model, seed=0, samples=1).passed
+
+
+def test_pieces_of_a_non_convex_region_are_connected():
+    # y = Tanh(x) + Relu(x) * Sigmoid(conv(Relu(x))): Relu and Tanh share a depth but no edge, so each is
+    # a piece of its own (one node: not suggested), not one kernel of two unrelated ops.
+    w = numpy_helper.from_array(np.random.default_rng(10).standard_normal((4, 4, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Relu", ["x"], ["p"], name="relu"), helper.make_node("Tanh", ["x"], ["q"], name="tanh"),
+             helper.make_node("Conv", ["p", "w"], ["c"], name="conv", pads=[1] * 4), helper.make_node("Sigmoid", ["c"], ["cs"], name="sigmoid"),
+             helper.make_node("Mul", ["p", "cs"], ["m"], name="mul"), helper.make_node("Add", ["q", "m"], ["y"], name="add")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 6, 6])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])], [w])
+    assert [(s.inputs, s.outputs) for s in suggest_cuts(model)] == [(("c", "p", "q"), ("y",))]
+    assert {(s.inputs, s.outputs) for s in suggest_cuts(model, min_nodes=1)} >= {(("x",), ("p",)), (("x",), ("q",))}
+
+
 def test_format_suggestions_prints_boundary_mix_and_yaml():
     text = format_suggestions(suggest_cuts(chain_model()))
     assert text.startswith("1. 5 nodes at the middle")
     assert "ops: Reshape x2, Sigmoid x1, Mul x1, Softmax x1" in text  # most common first
     assert "inputs:  a" in text and "outputs: mid" in text and "- name: wall_1" in text
     assert format_suggestions([]) == "no region of cheap ops worth a kernel was found"
+    two = suggest_cuts(two_cut_model())
+    assert [line[:3] for line in format_suggestions(two, top=1).splitlines() if line[:1].isdigit()] == ["1. "]
 
 
 def test_format_suggestions_prints_each_note_under_its_suggestion():
