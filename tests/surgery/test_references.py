@@ -134,7 +134,8 @@ def test_nms_rejects_bad_params(bad, match):
 
 def test_nms_takes_the_ends_of_its_ranges():
     # docs/semantics.md: iou_threshold in [0, 1] (1.0 suppresses nothing), conf_threshold from 0.
-    for ok in ({"iou_threshold": 1.0}, {"iou_threshold": 0.0}, {"conf_threshold": 0.0}, {"max_det": 1}):
+    for ok in ({"iou_threshold": 1.0}, {"iou_threshold": 0.0}, {"conf_threshold": 0.0}, {"max_det": 1},
+               {"max_det": 2**31 - 1}):  # the largest int32 count
         onnx.checker.check_model(nms_reference(3, **ok))
 
 
