@@ -42,7 +42,7 @@ def added_stages(idx: GraphIndex, cuts, plan_in: list[TensorSig], plan_out: list
     """The stages of `cuts` with `add:` (a letterbox before a model input, NMS after an output: what their
     kernel contracts' roles.reference says), as (before, after); plan_in/plan_out, the plan's boundary,
     are updated to what the stages expose."""
-    before, after, used = [], [], {}
+    before, after, used, made = [], [], {}, {}
     for cut in (c for c in cuts if c.add is not None):
         if cut.at in used:
             raise SurgeryError(f"added stages '{used[cut.at]}' and '{cut.name}' both attach at '{cut.at}'")
@@ -51,19 +51,24 @@ def added_stages(idx: GraphIndex, cuts, plan_in: list[TensorSig], plan_out: list
         if cut.at not in boundary:
             raise SurgeryError(f"added stage '{cut.name}': `at: {cut.at}` is not a model {where}"
                                f"{closest(cut.at, boundary)}; {where}s: {boundary}")
-        _, build = _STAGES[_reference(cut, spec_dir)]
+        kind = _reference(cut, spec_dir)
+        _, build = _STAGES[kind]
         params = dict(cut.kernels[0].params or {})
-        if cut.add == "before":
-            stage = build(idx, cut, params, plan_in[idx.inputs.index(cut.at)])
-            before.append(stage)
+        if cut.add == "before":  # at its place now: an earlier stage may have replaced a tensor before it
             i = [s.name for s in plan_in].index(cut.at)
+            stage = build(idx, cut, params, plan_in[i])
+            before.append(stage)
             plan_in[i:i + 1] = stage.inputs
             plan_out.extend(s for s in stage.outputs if s.name != cut.at)
         else:
-            stage = build(idx, cut, params, plan_out[idx.outputs.index(cut.at)])
-            after.append(stage)
             i = [s.name for s in plan_out].index(cut.at)
+            stage = build(idx, cut, params, plan_out[i])
+            after.append(stage)
             plan_out[i:i + 1] = stage.outputs
+        for t in (*stage.inputs, *stage.outputs):  # the stages' own tensors have fixed names
+            if t.name != cut.at and made.setdefault(t.name, cut.name) != cut.name:
+                raise SurgeryError(f"added stages '{made[t.name]}' and '{cut.name}' both make tensor '{t.name}': "
+                                   f"a pipeline takes one {kind} stage")
     return before, after
 
 

@@ -513,6 +513,25 @@ def test_added_stages_refuse_to_shadow_another_model_input_or_output():
                                            kernels=(KernelRequest("letterbox", {"size": 32}),))])
 
 
+def test_two_stages_of_one_kind_are_refused_for_the_tensors_both_make():
+    def vi(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    two_images = make_model([helper.make_node("Add", ["left", "right"], ["y"], name="add")],
+                            [vi("left", ["N", 3, 8, 8]), vi("right", ["N", 3, 8, 8])], [vi("y", ["N", 3, 8, 8])])
+    with pytest.raises(SurgeryError, match="added stages 'left' and 'right' both make tensor 'raw_images': a pipeline "
+                                           "takes one letterbox stage") as e:
+        plan_from_model(two_images, [CutRequest(n, add="before", at=n, kernels=(KernelRequest("letterbox", {"size": 8}),))
+                                     for n in ("left", "right")])
+    assert e.value.exit_code == 2
+    two_outputs = tiny_detector()
+    two_outputs.graph.node.append(helper.make_node("Identity", ["output0"], ["output1"], name="copy"))
+    two_outputs.graph.output.append(vi("output1", ["N", 7, 16]))
+    with pytest.raises(SurgeryError, match="added stages 'n0' and 'n1' both make tensor 'num_dets'"):
+        plan_from_model(two_outputs, [CutRequest(f"n{k}", add="after", at=f"output{k}", kernels=(KernelRequest("nms"),))
+                                      for k in (0, 1)])
+
+
 def test_nms_needs_a_detections_shaped_output():
     with pytest.raises(SurgeryError, match=r"nms needs detections float32 \[B, 4 \+ nc, anchors\]"):
         plan_from_model(chain_model(), [CutRequest("n", add="after", at="y", kernels=(KernelRequest("nms"),))])
