@@ -122,6 +122,18 @@ def test_pieces_of_a_non_convex_region_are_connected():
     assert {(s.inputs, s.outputs) for s in suggest_cuts(model, min_nodes=1)} >= {(("x",), ("p",)), (("x",), ("q",))}
 
 
+@pytest.mark.parametrize("c_in, c_out, group, cheap", [(64, 4, 1, True), (65, 4, 1, False), (64, 5, 1, False),
+                                                       (64, 4, 2, False)])
+def test_a_narrow_1x1_conv_is_a_cheap_op(c_in, c_out, group, cheap):
+    # Relu -> 1x1 Conv -> Sigmoid is one region of three when the conv is cheap, two single nodes when it is not.
+    w = numpy_helper.from_array(np.random.default_rng(11).standard_normal((c_out, c_in // group, 1, 1)).astype(np.float32), "w")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"), helper.make_node("Conv", ["r", "w"], ["c"], name="conv", group=group),
+             helper.make_node("Sigmoid", ["c"], ["y"], name="sigmoid")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c_in, 6, 6])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c_out, 6, 6])], [w])
+    assert [s.nodes for s in suggest_cuts(model)] == ([3] if cheap else [])
+
+
 def test_format_suggestions_prints_boundary_mix_and_yaml():
     text = format_suggestions(suggest_cuts(chain_model()))
     assert text.startswith("1. 5 nodes at the middle")
