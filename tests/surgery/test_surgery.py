@@ -292,6 +292,11 @@ def test_plan_summary_is_plain_data():
     assert [s["kind"] for s in summary] == ["segment", "kernel", "segment"]
     assert summary[1]["facts"]["inputs"][0]["shape"] == ["N", 8, 8, 8]
     assert summary[0]["ops"] == {"Conv": 1}
+    assert [(s["inputs"][0]["name"], s["outputs"][0]["name"]) for s in summary] == [("x", "a"), ("a", "mid"), ("mid", "y")]
+    assert summary[1]["kernels"] == ["soft"]
+    nms = plan_from_model(tiny_detector(), [CutRequest("n", add="after", at="output0",
+                                                       kernels=(KernelRequest("nms", {"max_det": 7}),))]).summary()[-1]
+    assert (nms["kind"], nms["position"], nms["params"]["max_det"], nms["kernels"]) == ("added", "after", 7, ["nms"])
 
 
 # --- added stages -------------------------------------------------------------------------------
@@ -631,6 +636,8 @@ def test_plan_digest_covers_the_step_names():
         return plan_from_model(tiny_detector(), [CutRequest(name, add="after", at="output0",
                                                             kernels=(KernelRequest("nms"),))]).digest()
     assert digest("nms") == digest("nms") != digest("nms_2")
+    soft = [cut("soft", ["a"], ["mid"])]  # and the graphs: other weights, another digest
+    assert plan_from_model(chain_model(seed=0), soft).digest() != plan_from_model(chain_model(seed=1), soft).digest()
 
 
 def test_a_boundary_typed_only_by_the_models_value_info_is_cut():
