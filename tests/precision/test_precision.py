@@ -453,6 +453,14 @@ def test_int8_costs_more_than_fp16(tmp_path):
     assert c8.max_abs > c16.max_abs and c8.median_abs > c16.median_abs
 
 
+def test_int8_keeps_a_node_named_in_keep_fp32_unquantized(tmp_path):
+    q = apply_precision(conv_softmax_model(), "int8", keep_fp32=["Softmax", "conv2"],
+                        calibration=random_calibration(tmp_path))
+    producers = {o: n.op_type for n in q.graph.node for o in n.output}
+    assert [producers.get(t) for t in node(q, "conv2").input] == ["Relu", None]  # fp32 activation, fp32 weight
+    assert [producers.get(t) for t in node(q, "conv1").input] == ["DequantizeLinear", "DequantizeLinear", None]
+
+
 @pytest.fixture
 def calibrations(monkeypatch):
     """Counts calibration runs: ONNX Runtime creates one calibrator per run, none on a cache hit."""
