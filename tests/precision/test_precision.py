@@ -196,6 +196,36 @@ def test_fp16_folds_only_float_round_trips_and_no_op_casts_nothing_else_reads():
     np.testing.assert_allclose(q, -p)
 
 
+def test_fp16_keeps_integer_casts_and_a_no_op_cast_of_a_graph_output():
+    """x -> Cast(int32) -> xi (an output) -> Cast(int32) -> Cast(float) -> y: the truncation reads the
+    fp16 copy of x, and the no-op Cast of the output xi stays (dropping it would orphan xi)."""
+    nodes = [helper.make_node("Cast", ["x"], ["xi"], to=TensorProto.INT32, name="trunc"),
+             helper.make_node("Cast", ["xi"], ["xj"], to=TensorProto.INT32, name="noop_int"),
+             helper.make_node("Cast", ["xj"], ["y"], to=FLOAT, name="back")]
+    graph = helper.make_graph(nodes, "trunc", [helper.make_tensor_value_info("x", FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("xi", TensorProto.INT32, [2, 5]),
+                               helper.make_tensor_value_info("y", FLOAT, [2, 5])])
+    m16 = apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "fp16")
+    onnx.checker.check_model(m16, full_check=True)
+    x = np.random.default_rng(22).uniform(-50, 50, size=(2, 5)).astype(np.float32)
+    xi, y = ort.InferenceSession(m16.SerializeToString(), providers=["CPUExecutionProvider"]).run(["xi", "y"], {"x": x})
+    expected = np.trunc(x.astype(np.float16).astype(np.float64))
+    np.testing.assert_array_equal(xi, expected.astype(np.int32))
+    np.testing.assert_array_equal(y, expected.astype(np.float32))
+
+
+def test_fp16_keeps_a_no_op_cast_of_an_integer_graph_input():
+    graph = helper.make_graph([helper.make_node("Cast", ["n"], ["nc"], to=TensorProto.INT32, name="noop_in"),
+                               helper.make_node("Cast", ["nc"], ["y"], to=FLOAT, name="to_float")], "noop_in",
+                              [helper.make_tensor_value_info("n", TensorProto.INT32, [2, 5])],
+                              [helper.make_tensor_value_info("y", FLOAT, [2, 5])])
+    m16 = apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "fp16")
+    onnx.checker.check_model(m16, full_check=True)
+    n = np.random.default_rng(23).integers(-3000, 3000, size=(2, 5)).astype(np.int32)
+    (y,) = ort.InferenceSession(m16.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"n": n})
+    np.testing.assert_array_equal(y, n.astype(np.float16).astype(np.float32))  # the Cast to float makes float16
+
+
 def _identity(dtype: int = FLOAT, name: str = "ident") -> onnx.ModelProto:
     """x [1, 4, 8, 8] of `dtype` -> Cast to float -> y."""
     return helper.make_model(helper.make_graph(
