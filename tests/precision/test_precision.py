@@ -395,6 +395,15 @@ def test_bf16_constants_are_rounded_from_fp32_and_dtype_attributes_retyped():
     np.testing.assert_allclose(got, expected, rtol=2 ** -7)
 
 
+def test_bf16_of_a_segment_onnx_cannot_upgrade_to_opset_22_is_a_model_error():
+    graph = helper.make_graph([helper.make_node("Frobnicate", ["x"], ["y"], name="frob")], "odd",
+                              [helper.make_tensor_value_info("x", FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("y", FLOAT, [2, 5])])
+    with pytest.raises(ModelError, match=r"segment 'odd': bf16 needs ONNX opset 22 .*upgrading the segment from "
+                                         r"opset 17 failed: .*Frobnicate"):
+        apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "bf16")
+
+
 # -- keep_fp32 ------------------------------------------------------------------------------------
 
 def test_keep_fp32_by_node_name_and_pattern():
