@@ -442,6 +442,18 @@ def test_unknown_precision_and_int8_without_calibration_are_spec_errors():
         apply_precision(conv_softmax_model(), "int8")
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+def test_default_keep_fp32_keeps_normalisation_statistics_in_fp32(op):
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+                               helper.make_node(op, ["sq"], ["s"], name="stat"),
+                               helper.make_node("Sqrt", ["s"], ["y"], name="root")], "stats",
+                              [helper.make_tensor_value_info("x", FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 1])])
+    m16 = apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "fp16")
+    types, stat = tensor_types(m16), node(m16, "stat")
+    assert (types[node(m16, "square").output[0]], types[stat.input[0]], types[stat.output[0]]) == (F16, FLOAT, FLOAT)
+
+
 # -- int8 -----------------------------------------------------------------------------------------
 
 def test_int8_is_symmetric_per_channel_qdq_and_skips_kept_ops(tmp_path):
