@@ -167,10 +167,11 @@ def _to_bfloat16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx
     opset = max(opset, BF16_OPSET)
     graphs = list(all_graphs(model.graph))  # If/Loop bodies too: the fp16 pass converts them
     no_bf16 = {n.op_type for g in graphs for n in g.node if not _has_bf16(n.op_type, opset, n.domain)}
-    # fp32 originals by initializer name, and Constant values by node name: bf16 keeps fp32's
-    # range, so weights are rounded from these rather than from their fp16 (range-clamped) copies.
+    # fp32 originals by initializer name, and Constant values by the tensor the node makes (node names
+    # may be empty or repeated, tensor names are unique): bf16 keeps fp32's range, so weights are
+    # rounded from these rather than from their fp16 (range-clamped) copies.
     originals = {t.name: t for g in graphs for t in g.initializer}
-    originals.update({n.name: a.t for g in graphs for n in g.node for a in n.attribute
+    originals.update({n.output[0]: a.t for g in graphs for n in g.node if n.output for a in n.attribute
                       if a.type == onnx.AttributeProto.TENSOR})
     fp16 = _to_float16(model, ops | no_bf16, nodes)
     for g in all_graphs(fp16.graph):
@@ -203,7 +204,7 @@ def _retype_graph(graph: onnx.GraphProto, originals: Mapping[str, onnx.TensorPro
             if attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i == TensorProto.FLOAT16:
                 attr.i = TensorProto.BFLOAT16
             elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == TensorProto.FLOAT16:
-                attr.t.CopyFrom(_as_bf16(attr.t, originals.get(node.name)))
+                attr.t.CopyFrom(_as_bf16(attr.t, originals.get(node.output[0]) if node.output else None))
 
 
 def _as_bf16(t: onnx.TensorProto, original: onnx.TensorProto | None) -> onnx.TensorProto:

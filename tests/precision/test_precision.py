@@ -404,6 +404,23 @@ def test_bf16_of_a_segment_onnx_cannot_upgrade_to_opset_22_is_a_model_error():
         apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "bf16")
 
 
+def test_bf16_rounds_each_unnamed_constant_from_its_own_fp32_value():
+    """Constants without node names (as some exporters leave them) each keep their own value: 3 and 70000
+    (past fp16's 65504) become bf16's 3 and 70144."""
+    w = np.random.default_rng(24).standard_normal((4, 4, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.float32(3.0))),
+             helper.make_node("Mul", ["c", "k"], ["m"], name="mul"),
+             helper.make_node("Constant", [], ["big"], value=numpy_helper.from_array(np.float32(70000.0))),
+             helper.make_node("Add", ["m", "big"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "unnamed", [helper.make_tensor_value_info("x", FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])], [numpy_helper.from_array(w, "w")])
+    mb = apply_precision(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), "bf16")
+    constants = {n.output[0]: float(numpy_helper.to_array(n.attribute[0].t).astype(np.float32))
+                 for n in mb.graph.node if n.op_type == "Constant"}
+    assert constants == {"k": 3.0, "big": 70144.0}
+
+
 # -- keep_fp32 ------------------------------------------------------------------------------------
 
 def test_keep_fp32_by_node_name_and_pattern():
