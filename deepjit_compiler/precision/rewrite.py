@@ -129,10 +129,34 @@ def check_keep_fp32(models: Sequence[onnx.ModelProto], keep_fp32: Sequence[str])
 
 def _to_float16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:
     # op_block_list replaces ORT's default list, so extend it rather than pass ours alone.
-    out = convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(set(DEFAULT_OP_BLOCK_LIST) | ops),
+    blocked = set(DEFAULT_OP_BLOCK_LIST) | ops
+    _check_kept_outputs_typed(model, blocked, nodes)
+    out = convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(blocked),
                                    node_block_list=sorted(nodes))
     _casts_into_bodies(out)
     return out
+
+
+def _check_kept_outputs_typed(model: onnx.ModelProto, blocked: set[str], nodes: set[str]) -> None:
+    """ORT's fp16 pass casts an fp32 node's output back to fp16 for the converted nodes that read it only
+    where ONNX infers the output's type; an op ONNX has no schema for (another domain's) leaves it
+    untyped, and the pass hands those readers fp32: an invalid model. ModelError naming the node."""
+    graphs = list(all_graphs(onnx.shape_inference.infer_shapes(model).graph))
+    typed = {v.name for g in graphs for v in (*g.input, *g.output, *g.value_info)}
+    typed |= {t.name for g in graphs for t in g.initializer}
+    kept = [n for g in graphs for n in g.node if n.op_type in blocked or n.name in nodes]
+    readers: dict[str, list[str]] = {}
+    for n in (n for g in graphs for n in g.node if n.op_type not in blocked and n.name not in nodes):
+        for i in n.input:
+            readers.setdefault(i, []).append(n.name or n.op_type)
+    for n in kept:
+        for o in n.output:
+            if o and o not in typed and o in readers:
+                op = f"{n.domain}.{n.op_type}" if n.domain else n.op_type
+                raise ModelError(f"segment '{model.graph.name}': node '{n.name}' ({op}) stays fp32, but ONNX infers "
+                                 f"no type for its output '{o}', so the rewrite cannot cast it back for the nodes "
+                                 f"that read it ({', '.join(readers[o])}): keep them in fp32 too (engine.keep_fp32) "
+                                 "or build this engine in fp32")
 
 
 def _casts_into_bodies(model: onnx.ModelProto) -> None:

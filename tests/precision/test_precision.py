@@ -421,6 +421,30 @@ def test_bf16_rounds_each_unnamed_constant_from_its_own_fp32_value():
     assert constants == {"k": 3.0, "big": 70144.0}
 
 
+def _gelu_model() -> onnx.ModelProto:
+    """x -> Conv -> com.microsoft Gelu (an op ONNX has no schema for) -> Relu -> y."""
+    w = np.random.default_rng(28).standard_normal((4, 4, 1, 1)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+                               helper.make_node("Gelu", ["c"], ["g"], domain="com.microsoft", name="gelu"),
+                               helper.make_node("Relu", ["g"], ["y"], name="relu")], "ms",
+                              [helper.make_tensor_value_info("x", FLOAT, [1, 4, 4, 4])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 4, 4, 4])], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("precision, keep", [("bf16", []), ("fp16", ["gelu"])])
+def test_an_op_without_an_onnx_schema_kept_in_fp32_before_low_precision_readers_is_a_model_error(precision, keep):
+    """ONNX infers no output type for it, so its fp32 output could not be cast for the Relu that reads it
+    (ONNX Runtime refused the rewritten model: a Relu typed float16 given float)."""
+    with pytest.raises(ModelError, match=r"segment 'ms': node 'gelu' \(com.microsoft.Gelu\) stays fp32, but ONNX "
+                                         r"infers no type for its output 'g'.*\(relu\)"):
+        apply_precision(_gelu_model(), precision, keep_fp32=keep)
+    x = np.random.default_rng(29).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
+    fp32, fp16 = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+                  for m in (_gelu_model(), apply_precision(_gelu_model(), "fp16")))  # converted with its readers
+    np.testing.assert_allclose(fp16, fp32, rtol=2 ** -8, atol=2 ** -8)
+
+
 # -- keep_fp32 ------------------------------------------------------------------------------------
 
 def test_keep_fp32_by_node_name_and_pattern():
