@@ -267,6 +267,57 @@ def test_measure_cost_feeds_an_fp16_input_and_names_a_missing_output():
         measure_cost(_identity(), renamed, [{"x": x.astype(np.float32)}])
 
 
+def _plus(c: float) -> onnx.ModelProto:
+    """y = x + c, x [1, 4, 8, 8] float."""
+    graph = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "plus",
+                              [helper.make_tensor_value_info("x", FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])],
+                              [numpy_helper.from_array(np.float32(c), "c")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+
+
+def test_measure_cost_relative_error_of_negative_and_zero_references():
+    """Against a negative reference the relative error is |a - b| / |ref| and the scale its magnitude;
+    where the reference is 0 it divides by float64's epsilon, as Polygraphy does."""
+    x = np.random.default_rng(25).uniform(-4, -1, size=(1, 4, 8, 8)).astype(np.float32)
+    x[0, 2, 3, 4] = 0.0
+    cost = measure_cost(_identity(), _plus(1e-3), [{"x": x}])["y"]
+    err = np.abs((x + np.float32(1e-3)).astype(np.float64) - x)
+    rel = err / np.where(x == 0, np.finfo(np.float64).eps, np.abs(x))
+    assert (cost.max_rel, cost.median_rel) == pytest.approx((rel.max(), np.median(rel)), rel=1e-6)
+    assert cost.max_rel > 1e12 and cost.ref_max_abs == pytest.approx(float(np.abs(x).max()))
+
+
+def test_measure_cost_needs_a_feed_and_hands_the_rewritten_segment_only_its_inputs():
+    with pytest.raises(ValueError, match="measure_cost needs at least one feed"):
+        measure_cost(_identity(), _identity(), [])
+    both = helper.make_model(helper.make_graph(  # an extra input `z` the rewritten segment dropped
+        [helper.make_node("Identity", ["x"], ["y"])], "ident",
+        [helper.make_tensor_value_info("x", FLOAT, [1, 4, 8, 8]), helper.make_tensor_value_info("z", FLOAT, [2])],
+        [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])]), opset_imports=[helper.make_opsetid("", 22)])
+    rng = np.random.default_rng(26)
+    feed = {"x": rng.uniform(-1, 1, size=(1, 4, 8, 8)).astype(np.float32), "z": rng.uniform(-1, 1, 2).astype(np.float32)}
+    assert measure_cost(both, _identity(), [feed])["y"].max_abs == 0
+
+
+def test_measure_cost_reports_a_nan_output_as_an_infinite_error():
+    """A NaN would compare false against every gate tolerance: it counts as infinite instead."""
+    x = np.random.default_rng(27).uniform(-1, 1, size=(1, 4, 8, 8)).astype(np.float32)
+    cost = measure_cost(_identity(), _plus(float("nan")), [{"x": x}])["y"]
+    assert (cost.max_abs, cost.median_abs, cost.max_rel, cost.median_rel) == (np.inf,) * 4
+def test_precision_cost_as_a_dict_and_by_output_name():
+    x = np.random.default_rng(31).uniform(-1, 1, size=(1, 4, 8, 8)).astype(np.float32)
+    cost = measure_cost(_identity(), _plus(0.5), [{"x": x}, {"x": -x}])
+    err = np.abs(np.concatenate([(x + np.float32(0.5)) - x, (-x + np.float32(0.5)) + x]).astype(np.float64)).ravel()
+    rel = err / np.abs(np.concatenate([x, -x]).ravel())
+    assert cost.to_dict() == {"precision": "rewritten", "samples": 2, "outputs": [{
+        "name": "y", "max_abs": pytest.approx(err.max()), "median_abs": pytest.approx(np.median(err)),
+        "max_rel": pytest.approx(rel.max()), "median_rel": pytest.approx(np.median(rel)),
+        "ref_max_abs": pytest.approx(float(np.abs(x).max()))}]}
+    with pytest.raises(KeyError, match="no output 'z'"):
+        cost["z"]
+
+
 # -- bf16 -----------------------------------------------------------------------------------------
 
 def test_bf16_keeps_io_types_softmax_fp32_and_rounds_weights_from_fp32():
