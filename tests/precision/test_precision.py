@@ -318,6 +318,26 @@ def test_precision_cost_as_a_dict_and_by_output_name():
         cost["z"]
 
 
+def test_emulation_rounds_a_low_precision_graph_input_an_if_body_reads():
+    """The branches cast the main graph's float16 input to float: they must read its rounded twin."""
+    def branch(name: str, *ops: str) -> onnx.GraphProto:
+        nodes = [helper.make_node("Cast", ["x"], [f"{name}_0"], to=FLOAT)]
+        nodes += [helper.make_node(op, [f"{name}_{k}"], [f"{name}_{k + 1}"]) for k, op in enumerate(ops)]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(nodes[-1].output[0], FLOAT, [1, 4, 8, 8])])
+
+    graph = helper.make_graph([helper.make_node("If", ["cond"], ["y"], then_branch=branch("then"),
+                                                else_branch=branch("else", "Neg"))], "if_input",
+                              [helper.make_tensor_value_info("x", F16, [1, 4, 8, 8]),
+                               helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 4, 8, 8])])
+    run = ort.InferenceSession(emulate_in_fp32(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]))
+                               .SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(30).uniform(-1, 1, size=(1, 4, 8, 8)).astype(np.float32)
+    rounded = x.astype(np.float16).astype(np.float32)
+    for cond, expected in ((True, rounded), (False, -rounded)):
+        np.testing.assert_array_equal(run.run(None, {"x": x, "cond": np.array(cond)})[0], expected)
+
+
 # -- bf16 -----------------------------------------------------------------------------------------
 
 def test_bf16_keeps_io_types_softmax_fp32_and_rounds_weights_from_fp32():
