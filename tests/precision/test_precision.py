@@ -226,6 +226,21 @@ def test_fp16_keeps_a_no_op_cast_of_an_integer_graph_input():
     np.testing.assert_array_equal(y, n.astype(np.float16).astype(np.float32))  # the Cast to float makes float16
 
 
+def test_fp16_keeps_a_cast_to_double_of_a_tensor_onnx_cannot_type():
+    """Gelu (com.microsoft) converted to fp16 has no inferred output type: the Cast to double after it is
+    no no-op to drop, and the double output stays double."""
+    graph = helper.make_graph([helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft", name="gelu"),
+                               helper.make_node("Cast", ["g"], ["y"], to=TensorProto.DOUBLE, name="to_double")], "ms",
+                              [helper.make_tensor_value_info("x", FLOAT, [2, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    x = np.random.default_rng(32).uniform(-2, 2, size=(2, 5)).astype(np.float32)
+    fp32, fp16 = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+                  for m in (model, apply_precision(model, "fp16")))
+    assert fp16.dtype == np.float64
+    np.testing.assert_allclose(fp16, fp32, rtol=2 ** -9, atol=2 ** -9)
+
+
 def _identity(dtype: int = FLOAT, name: str = "ident") -> onnx.ModelProto:
     """x [1, 4, 8, 8] of `dtype` -> Cast to float -> y."""
     return helper.make_model(helper.make_graph(
