@@ -88,6 +88,11 @@ def test_other_precisions_keep_the_models_boundaries(fp32_plan, precision):
     assert plan_at_precision(fp32_plan, precision) is fp32_plan
 
 
+def test_a_bf16_engine_keeps_fp32_boundaries_even_for_a_kernel_allowing_any_dtype(tmp_path):
+    users = plan(decode_contract=str(fp32_only_copy(tmp_path, allowed=None)))
+    assert plan_at_precision(users, "bf16") is users
+
+
 def test_a_kernel_that_reads_fp32_keeps_its_boundary_fp32(tmp_path):
     # set in the spec, or the only dtype a user's contract allows: the boundary follows the contract
     explicit = plan({"dtype": "float32"})
@@ -291,3 +296,12 @@ def test_an_added_stage_reads_a_tensor_the_model_has_in_fp16_in_fp16(tmp_path):
     seg = segment("seg", {"x": "float32"}, {"h": "float16"})
     post = stage("post", {"h": "float16"}, user_kernel(tmp_path, "post", [("h", INFERRED)]))
     assert boundary_dtypes(toy_plan(seg, post), "float16") == ({}, {"post"})
+
+
+def test_a_site_reading_a_tensor_the_model_has_in_fp16_gets_float16_as_its_input_dtype_fact(tmp_path):
+    # no boundary changes, yet the site is lowered: its kernel's dtype must say float16, as the tensor is
+    seg = segment("seg", {"x": "float32"}, {"h": "float16"})
+    k = site("k", {"h": "float16"}, user_kernel(tmp_path, "k", [("h", INFERRED)]))
+    typed = plan_at_precision(toy_plan(seg, k), "fp16")
+    assert typed.sites[0].facts["input_dtype"] == "float16"
+    assert resolve_params(load_contract(k.kernels[0].contract), {}, typed.kernel_facts(typed.sites[0]))["dtype"] == "float16"
