@@ -305,3 +305,11 @@ def test_a_site_reading_a_tensor_the_model_has_in_fp16_gets_float16_as_its_input
     typed = plan_at_precision(toy_plan(seg, k), "fp16")
     assert typed.sites[0].facts["input_dtype"] == "float16"
     assert resolve_params(load_contract(k.kernels[0].contract), {}, typed.kernel_facts(typed.sites[0]))["dtype"] == "float16"
+
+
+def test_a_later_segments_outputs_are_handed_over_in_fp16_too(tmp_path):
+    seg = segment("seg", {"x": "float32"}, {"a": "float32"})
+    k1 = site("k1", {"a": "float32"}, user_kernel(tmp_path, "k1", [("a", INFERRED)]))
+    seg2 = segment("seg2", {"k1_out": "float32"}, {"b": "float32"})
+    k2 = site("k2", {"b": "float32"}, user_kernel(tmp_path, "k2", [("b", INFERRED)]))
+    assert boundary_dtypes(toy_plan(seg, k1, seg2, k2), "float16") == ({"a": "float16", "b": "float16"}, {"k1", "k2"})
