@@ -914,6 +914,15 @@ def test_calibration_settings_from_spec(write_spec):
                               + "  # was"}))
 
 
+def test_calibration_settings_refuse_a_bad_method_sample_count_or_data(tmp_path):
+    for bad, error in [({"method": "entropy"}, r"engine\.calibration\.method: must be one of minmax, percentile, got "
+                                               r"'entropy'"),
+                       ({"samples": 0}, r"engine\.calibration\.samples: must be >= 1, got 0"),
+                       ({"data": "randon"}, r"engine\.calibration\.data: a folder or 'random', got 'randon'")]:
+        with pytest.raises(SpecError, match=error):
+            CalibrationSettings(**{"data": "random", "cache": tmp_path / "c", **bad})
+
+
 def test_percentile_calibration_clips_an_outlier_that_min_max_keeps(tmp_path):
     """One value 100 times the others': min-max stretches the input's range over it, the 99.999th
     percentile (of ~123k values) does not."""
