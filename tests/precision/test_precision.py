@@ -774,6 +774,25 @@ def test_nan_calibration_data_is_refused_naming_the_file_before_onnx_runtime_see
     assert any(n.op_type == "QuantizeLinear" for n in q.graph.node)
 
 
+def test_calibration_reader_ranges_rewinds_and_counts_its_reads(tmp_path):
+    """ONNX Runtime may calibrate a range of the samples and rewind to its start; each sample is the
+    uniform draw of a generator seeded by (seed, index)."""
+    want = [np.random.default_rng([5, k]).uniform(-1, 1, size=(1, 3, 16, 16)).astype(np.float32) for k in range(3)]
+    reader = reader_for(conv_softmax_model(), random_calibration(tmp_path, seed=5, samples=3))
+    counted = []
+    reader.on_read = lambda: counted.append(1)
+    reader.set_range(1, 10)  # past the end: up to the last sample
+    got = [reader.get_next(), reader.get_next(), reader.get_next()]
+    assert got[2] is None and len(counted) == reader.reads == 2
+    for g, w in zip(got, want[1:]):
+        np.testing.assert_array_equal(g["x"], w)
+    reader.rewind()
+    np.testing.assert_array_equal(reader.get_next()["x"], want[1])
+    reader.set_range(0, 1)
+    np.testing.assert_array_equal(reader.get_next()["x"], want[0])
+    assert reader.get_next() is None
+
+
 def test_random_reader_is_seeded_and_in_range(tmp_path):
     settings = random_calibration(tmp_path, samples=2)
     a = reader_for(conv_softmax_model(), settings).get_next()["x"]
