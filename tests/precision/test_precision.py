@@ -841,6 +841,17 @@ def test_random_reader_takes_integer_ends_skips_initializer_inputs_and_digests_i
         assert reader_for(model, other).digest != digest
 
 
+def test_random_reader_defaults_to_zero_one_and_digests_the_calibration_shape(tmp_path):
+    settings = CalibrationSettings(data="random", cache=tmp_path / "c", seed=3, shapes={"x": (1, 3, 16, 16)})
+    want = np.random.default_rng([3, 0]).uniform(0, 1, size=(1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(reader_for(_square_input_model(), settings).get_next()["x"], want)
+    at32 = CalibrationSettings(data="random", cache=tmp_path / "c", seed=3, shapes={"x": (1, 3, 32, 32)})
+    assert reader_for(_square_input_model(), at32).digest != reader_for(_square_input_model(), settings).digest
+    # a dim exported as 0 (unknown, in some exporters) needs a shape as a symbolic one does
+    with pytest.raises(SpecError, match=r"input 'x' \[N, 3, 0, 0\]: its symbolic dims need a concrete shape"):
+        reader_for(_square_input_model(("N", 3, 0, 0)), CalibrationSettings(data="random", cache=tmp_path / "c"))
+
+
 def test_folder_reader_images_need_one_square_input_and_digest_their_size(tmp_path):
     image = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
     image.fromarray(np.random.default_rng(20).integers(0, 256, (12, 20, 3), dtype=np.uint8)).save(
