@@ -13,7 +13,7 @@ from conftest_models import chain_model, two_input_model
 from onnx import TensorProto, helper, numpy_helper
 
 from deepjit_compiler.errors import ModelError, RuntimeInputError, SpecError
-from deepjit_compiler.precision.calibration import CalibrationSettings, reader_for
+from deepjit_compiler.precision.calibration import CalibrationSettings, cache_key, reader_for
 from deepjit_compiler.precision.emulate import emulate_in_fp32, measure_cost
 from deepjit_compiler.precision.rewrite import DEFAULT_KEEP_FP32, KEEP_FP32_REASONS, apply_precision, check_keep_fp32
 from deepjit_compiler.validation.data import folder_feeds
@@ -694,6 +694,27 @@ def test_corrupt_calibration_cache_entry_is_a_miss(tmp_path, calibrations):
     entry.mkdir()
     with pytest.raises(SpecError, match=rf"engine.calibration.cache: .*{entry.name} is not a file"):
         apply_precision(model, "int8", calibration=settings)
+
+
+def test_calibration_cache_key_covers_the_op_types_onnx_runtime_and_the_cache_format(tmp_path, monkeypatch):
+    model, settings = conv_softmax_model(), random_calibration(tmp_path)
+    key = cache_key(model, "data", settings)
+    assert cache_key(model, "data", random_calibration(tmp_path, op_types=("Conv",))) != key
+    monkeypatch.setattr(ort, "__version__", "1.0.0")
+    assert cache_key(model, "data", settings) != key
+    monkeypatch.undo()
+    monkeypatch.setattr("deepjit_compiler.precision.calibration.CACHE_FORMAT", 2)
+    assert cache_key(model, "data", settings) != key
+
+
+def test_calibration_logs_a_cache_hit_and_what_it_calibrates_on(tmp_path, caplog):
+    model, settings = conv_softmax_model(), random_calibration(tmp_path)
+    with caplog.at_level("INFO", logger="deepjit.calibration"):
+        apply_precision(model, "int8", calibration=settings)
+        apply_precision(model, "int8", calibration=settings)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("int8: ")]
+    assert [m.split(" (")[0] for m in said] == ["int8: calibrating on 4 seeded random samples",
+                                                "int8: calibration cache hit, skipping calibration"]
 
 
 # -- calibration data -----------------------------------------------------------------------------
