@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 
 import ml_dtypes
 import numpy as np
@@ -637,6 +638,15 @@ def test_int8_keeps_a_node_named_in_keep_fp32_unquantized(tmp_path):
     producers = {o: n.op_type for n in q.graph.node for o in n.output}
     assert [producers.get(t) for t in node(q, "conv2").input] == ["Relu", None]  # fp32 activation, fp32 weight
     assert [producers.get(t) for t in node(q, "conv1").input] == ["DequantizeLinear", "DequantizeLinear", None]
+
+
+def test_int8_drops_onnx_runtimes_pre_processing_advice_and_only_while_quantizing(tmp_path, caplog):
+    root = logging.getLogger()
+    filters = list(root.filters)
+    with caplog.at_level("WARNING"):
+        apply_precision(conv_softmax_model(), "int8", calibration=random_calibration(tmp_path))
+    assert not [r.getMessage() for r in caplog.records if "pre-process" in r.getMessage()]
+    assert root.filters == filters
 
 
 @pytest.fixture
