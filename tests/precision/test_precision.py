@@ -13,7 +13,7 @@ import pytest
 from conftest_models import chain_model, two_input_model
 from onnx import TensorProto, helper, numpy_helper
 
-from deepjit_compiler.errors import ModelError, RuntimeInputError, SpecError
+from deepjit_compiler.errors import MissingDependency, ModelError, RuntimeInputError, SpecError
 from deepjit_compiler.precision.calibration import CalibrationSettings, cache_key, reader_for
 from deepjit_compiler.precision.emulate import emulate_in_fp32, measure_cost
 from deepjit_compiler.precision.rewrite import DEFAULT_KEEP_FP32, KEEP_FP32_REASONS, apply_precision, check_keep_fp32
@@ -647,6 +647,28 @@ def test_int8_drops_onnx_runtimes_pre_processing_advice_and_only_while_quantizin
         apply_precision(conv_softmax_model(), "int8", calibration=random_calibration(tmp_path))
     assert not [r.getMessage() for r in caplog.records if "pre-process" in r.getMessage()]
     assert root.filters == filters
+
+
+def test_int8_quantizes_a_gemm_by_default(tmp_path):
+    rng = np.random.default_rng(34)
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="gemm")], "gemm",
+                              [helper.make_tensor_value_info("x", FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", FLOAT, ["N", 4])],
+                              [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    q = apply_precision(model, "int8", calibration=random_calibration(tmp_path, ranges={"x": (-1.0, 1.0)},
+                                                                      shapes={"x": (1, 8)}))
+    producers = {o: n.op_type for n in q.graph.node for o in n.output}
+    assert [producers.get(t) for t in node(q, "gemm").input] == ["DequantizeLinear", "DequantizeLinear", None]
+def test_int8_on_an_onnx_runtime_without_calibration_caches_is_a_missing_dependency(tmp_path, monkeypatch):
+    def old_quantize_static(model_input, model_output, calibration_data_reader, quant_format=None):
+        raise AssertionError("not to be called")
+
+    monkeypatch.setattr("deepjit_compiler.precision.calibration.quantize_static", old_quantize_static)
+    with pytest.raises(MissingDependency, match=r"int8 needs ONNX Runtime's calibration cache.*upgrade it") as e:
+        apply_precision(conv_softmax_model(), "int8", calibration=random_calibration(tmp_path))
+    assert e.value.exit_code == 2
 
 
 @pytest.fixture
