@@ -799,6 +799,27 @@ def test_folder_reader_reads_npy_samples(tmp_path):
                                                                         calibration=settings).graph.node)
 
 
+def test_folder_reader_reads_npy_samples_in_name_order(tmp_path):
+    rng = np.random.default_rng(35)
+    arrays = {name: rng.uniform(-1, 1, size=(1, 3, 16, 16)).astype(np.float32) for name in "fbdaec"}
+    for name, a in arrays.items():
+        np.save(tmp_path / f"{name}.npy", a)
+    reader = reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path, cache=tmp_path / "c", samples=4))
+    for name in "abcd":
+        np.testing.assert_array_equal(reader.get_next()["x"], arrays[name])
+
+
+def test_folder_reader_letterboxes_images_in_the_inputs_dtype(tmp_path):
+    image = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    image.fromarray(np.random.default_rng(36).integers(0, 256, (12, 20, 3), dtype=np.uint8)).save(tmp_path / "p.png")
+    model = conv_softmax_model()
+    model.graph.input[0].type.tensor_type.elem_type = F16
+    got = reader_for(model, CalibrationSettings(data=tmp_path, cache=tmp_path / "c")).get_next()["x"]
+    want = folder_feeds(tmp_path, {"x": ("float16", (1, 3, 16, 16))})[0]["x"]  # the validation data's letterbox
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want)
+
+
 def test_folder_reader_errors_name_the_file(tmp_path):
     np.savez(tmp_path / "bad.npz", x=np.zeros((1, 3, 8, 8), np.float32) + 0.5)
     reader = reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path, cache=tmp_path / "c"))
