@@ -205,7 +205,8 @@ def _random_reader(inputs: list[_Input], settings: CalibrationSettings) -> Calib
 
 def _folder_reader(inputs: list[_Input], folder: Path, settings: CalibrationSettings) -> CalibrationReader:
     if not folder.is_dir():
-        raise SpecError(f"engine.calibration.data: folder {folder} does not exist (or give 'random')")
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise SpecError(f"engine.calibration.data: folder {folder} {what} (give a folder of samples or 'random')")
     images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     npz = sorted(folder.glob("*.npz"))
     found = images or npz or sorted(folder.glob("*.npy"))

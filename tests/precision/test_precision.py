@@ -833,6 +833,12 @@ def test_folder_reader_errors_name_the_file(tmp_path):
         reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path / "missing", cache=tmp_path / "c"))
 
 
+def test_calibration_data_that_is_a_file_is_named_as_no_folder(tmp_path):
+    np.save(tmp_path / "a.npy", np.random.default_rng(33).uniform(-1, 1, size=(1, 3, 16, 16)).astype(np.float32))
+    with pytest.raises(SpecError, match=r"engine\.calibration\.data: .*a\.npy is not a folder"):
+        reader_for(conv_softmax_model(), CalibrationSettings(data=tmp_path / "a.npy", cache=tmp_path / "c"))
+
+
 def test_nan_calibration_data_is_refused_naming_the_file_before_onnx_runtime_sees_it(tmp_path):
     a = np.random.default_rng(10).uniform(-1, 1, size=(1, 3, 16, 16)).astype(np.float32)
     a[0, 1, 2, 3] = np.nan
