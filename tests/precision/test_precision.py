@@ -532,6 +532,18 @@ def test_an_op_without_an_onnx_schema_kept_in_fp32_before_low_precision_readers_
     np.testing.assert_allclose(fp16, fp32, rtol=2 ** -8, atol=2 ** -8)
 
 
+def test_keeping_the_readers_of_an_untyped_fp32_output_in_fp32_too_gives_a_valid_model():
+    """What the error above advises; an untyped output nothing reads needs nothing."""
+    x = np.random.default_rng(37).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
+    fp32 = ort.InferenceSession(_gelu_model().SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    m16 = apply_precision(_gelu_model(), "fp16", keep_fp32=["gelu", "relu"])
+    got = ort.InferenceSession(m16.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, fp32, rtol=2 ** -9, atol=2 ** -9)
+    dangling = _gelu_model()
+    dangling.graph.node[1].output.append("unused")  # a second output no node reads
+    onnx.checker.check_model(apply_precision(dangling, "fp16", keep_fp32=["gelu", "relu"]))
+
+
 # -- keep_fp32 ------------------------------------------------------------------------------------
 
 def test_keep_fp32_by_node_name_and_pattern():
