@@ -143,7 +143,6 @@ def _check_kept_outputs_typed(model: onnx.ModelProto, blocked: set[str], nodes: 
     untyped, and the pass hands those readers fp32: an invalid model. ModelError naming the node."""
     graphs = list(all_graphs(onnx.shape_inference.infer_shapes(model).graph))
     typed = {v.name for g in graphs for v in (*g.input, *g.output, *g.value_info)}
-    typed |= {t.name for g in graphs for t in g.initializer}
     kept = [n for g in graphs for n in g.node if n.op_type in blocked or n.name in nodes]
     readers: dict[str, list[str]] = {}
     for n in (n for g in graphs for n in g.node if n.op_type not in blocked and n.name not in nodes):
