@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+import skimage.data
 from conftest import within
 
 from deepjit_compiler.errors import RuntimeInputError
@@ -115,9 +117,9 @@ def test_a_16_bit_grey_image_keeps_its_high_byte_instead_of_saturating(tmp_path)
     image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
     grey = np.random.default_rng(26).integers(0, 65536, (32, 48), dtype=np.uint16)
     want = np.repeat((grey // 256).astype(np.uint8)[..., None], 3, axis=-1)  # OpenCV's imread: 65535 -> 255
-    for suffix in (".png", ".tif"):
-        image_mod.fromarray(grey).save(tmp_path / f"grey16{suffix}")
-        got = read_image(tmp_path / f"grey16{suffix}")
+    for name, pixels in (("grey16.png", grey), ("grey16.tif", grey), ("grey16be.tif", grey.astype(">u2"))):
+        image_mod.fromarray(pixels).save(tmp_path / name)  # the big-endian TIFF opens as mode I;16B
+        got = read_image(tmp_path / name)
         assert got.dtype == np.uint8 and got.shape == (32, 48, 3)
         np.testing.assert_array_equal(got, want)
 
@@ -170,3 +172,40 @@ def test_a_complex_array_with_nan_is_refused_like_a_float_one(tmp_path):
     with pytest.raises(RuntimeInputError, match=r"c\.npy: 1 of its 8 values are NaN or infinite \(the first at "
                                                 r"index \[1, 3\]\)"):
         read_npy(tmp_path / "c.npy")
+
+
+def test_grey_and_transparent_photos_become_three_channel_rgb(tmp_path):
+    image_mod = pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    grey, rgb = skimage.data.camera()[::8, ::8], skimage.data.chelsea()[::6, ::6]
+    alpha = np.random.default_rng(29).integers(0, 256, rgb.shape[:2], dtype=np.uint8)
+    image_mod.fromarray(grey).save(tmp_path / "grey.png")
+    image_mod.fromarray(np.dstack([rgb, alpha])).save(tmp_path / "rgba.png")
+    np.testing.assert_array_equal(read_image(tmp_path / "grey.png"), np.repeat(grey[..., None], 3, axis=-1))
+    np.testing.assert_array_equal(read_image(tmp_path / "rgba.png"), rgb)  # the alpha channel is dropped
+
+
+def test_a_tiff_whose_width_is_not_a_whole_number_names_the_file(tmp_path):
+    pytest.importorskip("PIL.Image", reason="decoding images needs Pillow")
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(skimage.data.chelsea()[::6, ::6]).save(buf, "TIFF")
+    data = bytearray(buf.getvalue())  # little-endian: "II", then the first directory's offset
+    ifd = struct.unpack_from("<I", data, 4)[0]
+    for at in range(ifd + 2, ifd + 2 + 12 * struct.unpack_from("<H", data, ifd)[0], 12):
+        if struct.unpack_from("<H", data, at)[0] == 256:  # ImageWidth: made a FLOAT, 75.5
+            struct.pack_into("<HIf", data, at + 2, 11, 1, 75.5)
+    (tmp_path / "width.tif").write_bytes(bytes(data))
+    with pytest.raises(RuntimeInputError, match=r"width\.tif: cannot decode the image \(Invalid dimensions\)"):
+        read_image(tmp_path / "width.tif")
+
+
+def test_a_npz_with_a_broken_deflate_stream_names_the_file(tmp_path):
+    rng = np.random.default_rng(28)
+    np.savez_compressed(tmp_path / "z.npz", images=rng.random((4, 64), dtype=np.float32))
+    data = bytearray((tmp_path / "z.npz").read_bytes())
+    body = 30 + int.from_bytes(data[26:28], "little") + int.from_bytes(data[28:30], "little")  # past the local header
+    data[body:body + 16] = rng.bytes(16)
+    (tmp_path / "z.npz").write_bytes(bytes(data))
+    with pytest.raises(RuntimeInputError, match=r"z\.npz: cannot read it as a \.npz of arrays \(Error -3 .*\); allowed"):
+        read_npz(tmp_path / "z.npz")

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import skimage.data
 from conftest import letterbox_variant
 from PIL import Image
 
@@ -167,6 +168,17 @@ def test_every_image_of_a_folder_is_used_batched_by_the_buckets_and_labelled(tmp
     raw = folder_feeds(tmp_path, {"raw_images": ("uint8", (1, 20, 30, 3))}, buckets=(2, 4))
     assert [f["raw_images"].shape for f in raw][:2] == [(2, 20, 30, 3), (2, 21, 30, 3)]
     assert row_labels(raw)[1] == ["im1.png", "im1.png"]
+
+
+def test_a_folder_takes_photos_of_every_common_format_whatever_the_suffix_case(tmp_path):
+    photo = skimage.data.chelsea()[::10, ::10]
+    names = ["a.jpg", "b.JPEG", "c.png", "d.bmp", "e.webp", "f.tif", "g.TIFF"]
+    for name in names:
+        Image.fromarray(photo).save(tmp_path / name)
+    (tmp_path / "notes.txt").write_text("not an image")
+    feeds = folder_feeds(tmp_path, {"raw_images": ("uint8", (1, *photo.shape))})
+    assert [row for rows in row_labels(feeds) for row in rows] == names
+    np.testing.assert_array_equal(feeds[2]["raw_images"][0], photo[..., ::-1])  # the PNG, lossless, as BGR
 
 
 def test_random_feeds_and_plain_lists_are_labelled_by_sample_and_row():
