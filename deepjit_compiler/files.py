@@ -190,7 +190,13 @@ def output_lock(dest: Path) -> Iterator[None]:
         dest.parent.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.gettempdir()) / f"deepjit-locks-{os.getuid()}"
         folder.mkdir(mode=0o700, exist_ok=True)
-        lock = open(folder / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"), "ab")
+        st = folder.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            # another user's folder, or one others can write: they could swap or link its lock files
+            raise OutputError(f"{dest}: cannot take its lock: {folder} is not a folder of this user's that only "
+                              "they can write; remove it")
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        lock = os.fdopen(os.open(folder / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"), flags, 0o600), "ab")
     except OSError as e:
         raise cannot_write(dest, e) from None
     with lock:

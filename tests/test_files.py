@@ -241,3 +241,20 @@ def test_the_lock_lands_in_a_folder_of_this_users_alone_not_beside_the_output(tm
         assert _names(tmp_path / "out") == []
     (folder,) = (tmp_path / "tmp").iterdir()
     assert folder.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("plant", ["others can write it", "a symlink to a folder"])
+def test_a_lock_folder_others_could_tamper_with_is_refused(tmp_path, monkeypatch, plant):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    folder = tmp_path / "tmp" / f"deepjit-locks-{os.getuid()}"
+    if plant == "others can write it":
+        folder.mkdir(parents=True)
+        folder.chmod(0o777)
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "tmp").mkdir()
+        folder.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OutputError, match=rf"out/b: cannot take its lock: .*deepjit-locks-{os.getuid()} is not a "
+                                          "folder of this user's"), output_lock(tmp_path / "out" / "b"):
+        pass
+    assert list(folder.iterdir()) == []
