@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import logging
+import time
+
+import pytest
 
 from deepjit_compiler import log as logmod
 from deepjit_compiler.log import Progress
@@ -67,3 +70,72 @@ def test_a_terminal_gets_a_bar_with_counts_instead_of_lines(monkeypatch, caplog)
     assert bar.total == 3 and bar.updates == [1, 2, 3] and not bar.running
     assert any(isinstance(c, logmod.MofNCompleteColumn) for c in bar.columns)
     assert _lines(caplog) == []
+
+
+def test_setup_logs_to_stderr_once_at_the_level_asked(monkeypatch, capsys):
+    saved = logmod.log.handlers[:], logmod.log.level
+    try:
+        monkeypatch.setenv("DEEPJIT_LOG_LEVEL", "error")
+        for _ in range(2):
+            logmod.setup()
+        assert logmod.log.level == logging.ERROR and len(logmod.log.handlers) == 1
+        logging.getLogger("deepjit.test").error("disk full")
+        assert capsys.readouterr() == ("", "[ERROR] deepjit.test: disk full\n")
+        logmod.setup(quiet=True)
+        assert logmod.log.level == logging.WARNING
+        logmod.setup(verbose=True, quiet=True)
+        assert logmod.log.level == logging.DEBUG
+        logmod.set_level("quiet")
+        assert logmod.log.level == logging.WARNING
+        logmod.set_level("verbose")
+        assert logmod.log.level == logging.DEBUG
+    finally:
+        logmod.log.handlers[:] = saved[0]
+        logmod.log.setLevel(saved[1])
+
+
+def test_stage_times_count_seconds_and_name_a_cached_stage_once(caplog):
+    times = logmod.StageTimes()
+    times.mark_cached("graph")
+    times.mark_cached("graph")
+    with caplog.at_level(logging.INFO, logger="deepjit.graph"), times.stage("graph"):
+        time.sleep(0.2)
+    assert times.cached == ["graph"] and 0.2 <= times.seconds["graph"] < 5
+    assert caplog.records[-1].getMessage().startswith("finished graph in 0.") and "(cached)" in caplog.text
+
+
+def test_counts_past_the_total_stop_at_it_and_a_negative_total_counts_nothing(monkeypatch, caplog):
+    monkeypatch.setattr(logmod, "RichProgress", lambda *a, **k: pytest.fail("no bar for nothing to count"))
+    monkeypatch.setattr(logmod.sys.stderr, "isatty", lambda: True)
+    with Progress("empty", -3, logger="deepjit.test") as p:
+        p.advance(2)
+    assert p.total == 0 and p.done == 2
+    monkeypatch.setattr(logmod.sys.stderr, "isatty", lambda: False)
+    with caplog.at_level(logging.INFO, logger="deepjit.test"), Progress("packing", 4, logger="deepjit.test") as p:
+        p.advance(3)
+        p.advance(3)
+    assert p.done == 4 and _lines(caplog)[-1] == "packing: 4 of 4 (100%)"
+
+
+class _NoBar:
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def update(self, task, completed):
+        pass
+
+    def add_task(self, what, total):
+        return 0
+
+
+def test_a_terminal_bar_of_bytes_shows_sizes(monkeypatch):
+    made = []
+    monkeypatch.setattr(logmod, "RichProgress", lambda *columns, **kwargs: made.append(columns) or _NoBar())
+    monkeypatch.setattr(logmod.sys.stderr, "isatty", lambda: True)
+    with Progress("packing b", 5_000_000, unit="bytes", logger="deepjit.test") as p:
+        p.advance(5_000_000)
+    assert any(isinstance(c, logmod.DownloadColumn) for c in made[0])
+    assert not any(isinstance(c, logmod.MofNCompleteColumn) for c in made[0])
