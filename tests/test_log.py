@@ -139,3 +139,41 @@ def test_a_terminal_bar_of_bytes_shows_sizes(monkeypatch):
         p.advance(5_000_000)
     assert any(isinstance(c, logmod.DownloadColumn) for c in made[0])
     assert not any(isinstance(c, logmod.MofNCompleteColumn) for c in made[0])
+
+
+class _Status:
+    def __init__(self, events: list):
+        self.events = events
+
+    def start(self):
+        self.events.append("spinner shown")
+
+    def stop(self):
+        self.events.append("spinner stopped")
+
+
+class _Console:
+    events: list = []
+
+    def __init__(self, **kwargs):
+        pass
+
+    def status(self, text):
+        return _Status(self.events)
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_spinner_shows_only_on_a_terminal_after_a_second_and_gives_way_to_a_bar(monkeypatch, tty):
+    events = _Console.events = []
+    monkeypatch.setattr(logmod, "Console", _Console)
+    monkeypatch.setattr(logmod, "RichProgress", lambda *columns, **kwargs: events.append("bar") or _NoBar())
+    monkeypatch.setattr(logmod.sys.stderr, "isatty", lambda: tty)
+    times = logmod.StageTimes()
+    with times.stage("graph"):
+        time.sleep(0.2)  # a short stage: no spinner
+    assert events == []
+    with times.stage("calibration"):
+        time.sleep(1.4)
+        with Progress("calibration", 2, logger="deepjit.test") as p:
+            p.advance(2)
+    assert events == (["spinner shown", "spinner stopped", "bar"] if tty else [])
