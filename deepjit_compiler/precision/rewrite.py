@@ -137,6 +137,9 @@ def _to_float16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.
     return out
 
 
+_SHAPE_ONLY = {"Shape", "Size"}  # ops that read only their input's shape
+
+
 def _check_kept_outputs_typed(model: onnx.ModelProto, blocked: set[str], nodes: set[str]) -> None:
     """ORT's fp16 pass casts an fp32 node's output back to fp16 for the converted nodes that read it only
     where ONNX infers the output's type; an op ONNX has no schema for (another domain's) leaves it
@@ -146,6 +149,8 @@ def _check_kept_outputs_typed(model: onnx.ModelProto, blocked: set[str], nodes: 
     kept = [n for g in graphs for n in g.node if n.op_type in blocked or n.name in nodes]
     readers: dict[str, list[str]] = {}
     for n in (n for g in graphs for n in g.node if n.op_type not in blocked and n.name not in nodes):
+        if n.op_type in _SHAPE_ONLY:  # reads any dtype: fp32 is as good as fp16 there
+            continue
         for i in n.input:
             readers.setdefault(i, []).append(n.name or n.op_type)
     for n in kept:

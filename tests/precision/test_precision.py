@@ -544,6 +544,17 @@ def test_keeping_the_readers_of_an_untyped_fp32_output_in_fp32_too_gives_a_valid
     onnx.checker.check_model(apply_precision(dangling, "fp16", keep_fp32=["gelu", "relu"]))
 
 
+def test_an_untyped_fp32_output_read_only_for_its_shape_needs_no_cast():
+    """Shape reads any dtype, so a kept op's untyped output that only a Shape reads is no error."""
+    model = _gelu_model()
+    model.graph.node.append(helper.make_node("Shape", ["g"], ["s"], name="shape"))
+    model.graph.output.append(helper.make_tensor_value_info("s", onnx.TensorProto.INT64, [4]))
+    m16 = apply_precision(model, "fp16", keep_fp32=["gelu", "relu"])
+    x = np.random.default_rng(38).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
+    _, shape = ort.InferenceSession(m16.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert shape.tolist() == [1, 4, 4, 4]
+
+
 # -- keep_fp32 ------------------------------------------------------------------------------------
 
 def test_keep_fp32_by_node_name_and_pattern():
