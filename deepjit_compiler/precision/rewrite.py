@@ -130,9 +130,11 @@ def check_keep_fp32(models: Sequence[onnx.ModelProto], keep_fp32: Sequence[str])
 def _to_float16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:
     # op_block_list replaces ORT's default list, so extend it rather than pass ours alone.
     blocked = set(DEFAULT_OP_BLOCK_LIST) | ops
-    _check_kept_outputs_typed(model, blocked, nodes)
-    out = convert_float_to_float16(model, keep_io_types=True, op_block_list=sorted(blocked),
-                                   node_block_list=sorted(nodes))
+    # The pass would infer the types itself (this same call, on a copy): infer once, for the check too.
+    typed = onnx.shape_inference.infer_shapes(model)
+    _check_kept_outputs_typed(typed, blocked, nodes)
+    out = convert_float_to_float16(typed, keep_io_types=True, disable_shape_infer=True,
+                                   op_block_list=sorted(blocked), node_block_list=sorted(nodes))
     _casts_into_bodies(out)
     return out
 
@@ -143,8 +145,9 @@ _SHAPE_ONLY = {"Shape", "Size"}  # ops that read only their input's shape
 def _check_kept_outputs_typed(model: onnx.ModelProto, blocked: set[str], nodes: set[str]) -> None:
     """ORT's fp16 pass casts an fp32 node's output back to fp16 for the converted nodes that read it only
     where ONNX infers the output's type; an op ONNX has no schema for (another domain's) leaves it
-    untyped, and the pass hands those readers fp32: an invalid model. ModelError naming the node."""
-    graphs = list(all_graphs(onnx.shape_inference.infer_shapes(model).graph))
+    untyped, and the pass hands those readers fp32: an invalid model. ModelError naming the node.
+    `model` is shape-inferred already."""
+    graphs = list(all_graphs(model.graph))
     typed = {v.name for g in graphs for v in (*g.input, *g.output, *g.value_info)}
     kept = [n for g in graphs for n in g.node if n.op_type in blocked or n.name in nodes]
     readers: dict[str, list[str]] = {}
