@@ -41,6 +41,7 @@ from onnxruntime.transformers.float16 import (
 )
 
 from ..errors import ModelError, SpecError, closest
+from ..graph.ort import ort_session
 from ..graph.tensors import all_graphs
 from ..spec.models import PRECISIONS, calibration_problem
 from . import calibration as cal
@@ -132,7 +133,7 @@ def _to_float16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.
     blocked = set(DEFAULT_OP_BLOCK_LIST) | ops
     # The pass would infer the types itself (this same call, on a copy): infer once, for the check too.
     typed = onnx.shape_inference.infer_shapes(model)
-    _check_kept_outputs_typed(typed, blocked, nodes)
+    _type_kept_outputs(typed, blocked, nodes)
     out = convert_float_to_float16(typed, keep_io_types=True, disable_shape_infer=True,
                                    op_block_list=sorted(blocked), node_block_list=sorted(nodes))
     _casts_into_bodies(out)
@@ -142,28 +143,58 @@ def _to_float16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.
 _SHAPE_ONLY = {"Shape", "Size"}  # ops that read only their input's shape
 
 
-def _check_kept_outputs_typed(model: onnx.ModelProto, blocked: set[str], nodes: set[str]) -> None:
+def _type_kept_outputs(model: onnx.ModelProto, blocked: set[str], nodes: set[str]) -> None:
     """ORT's fp16 pass casts an fp32 node's output back to fp16 for the converted nodes that read it only
-    where ONNX infers the output's type; an op ONNX has no schema for (another domain's) leaves it
-    untyped, and the pass hands those readers fp32: an invalid model. ModelError naming the node.
-    `model` is shape-inferred already."""
+    where the output's type is known; an op ONNX has no schema for (com.microsoft's Gelu, say) leaves it
+    untyped, and the pass would hand those readers fp32: an invalid model. ONNX Runtime knows those ops,
+    so their types come from a session of the segment and go into `model`'s value_info (a float output
+    is then cast, an integer one left alone). ModelError naming the node where it cannot tell (an op it
+    does not know, or a tensor inside an If/Loop body). `model` is shape-inferred already."""
     graphs = list(all_graphs(model.graph))
     typed = {v.name for g in graphs for v in (*g.input, *g.output, *g.value_info)}
-    kept = [n for g in graphs for n in g.node if n.op_type in blocked or n.name in nodes]
     readers: dict[str, list[str]] = {}
     for n in (n for g in graphs for n in g.node if n.op_type not in blocked and n.name not in nodes):
         if n.op_type in _SHAPE_ONLY:  # reads any dtype: fp32 is as good as fp16 there
             continue
         for i in n.input:
             readers.setdefault(i, []).append(n.name or n.op_type)
-    for n in kept:
-        for o in n.output:
-            if o and o not in typed and o in readers:
-                op = f"{n.domain}.{n.op_type}" if n.domain else n.op_type
-                raise ModelError(f"segment '{model.graph.name}': node '{n.name}' ({op}) stays fp32, but ONNX infers "
-                                 f"no type for its output '{o}', so the rewrite cannot cast it back for the nodes "
-                                 f"that read it ({', '.join(readers[o])}): keep them in fp32 too (engine.keep_fp32) "
-                                 "or build this engine in fp32")
+    untyped = {o: n for g in graphs for n in g.node if n.op_type in blocked or n.name in nodes
+               for o in n.output if o and o not in typed and o in readers}
+    if not untyped:
+        return
+    top = {o for n in model.graph.node for o in n.output}
+    found, why = _ort_types(model, [o for o in untyped if o in top])
+    for name, elem in found.items():
+        model.graph.value_info.append(helper.make_tensor_value_info(name, elem, None))
+    for o, n in untyped.items():
+        if o not in found:
+            op = f"{n.domain}.{n.op_type}" if n.domain else n.op_type
+            because = why if o in top else "it is inside an If/Loop body, where ONNX Runtime is not asked"
+            raise ModelError(f"segment '{model.graph.name}': node '{n.name}' ({op}) stays fp32, but neither ONNX nor "
+                             f"ONNX Runtime gives a type for its output '{o}' ({because}), so the rewrite cannot "
+                             f"cast it back for the nodes that read it ({', '.join(readers[o])}): keep them in fp32 "
+                             "too (engine.keep_fp32) or build this engine in fp32")
+
+
+def _ort_types(model: onnx.ModelProto, names: list[str]) -> tuple[dict[str, int], str]:
+    """The element types ONNX Runtime infers for main-graph tensors `names` (as extra graph outputs of a
+    CPU session: loading resolves every node's types, nothing runs), and why any are missing."""
+    if not names:
+        return {}, ""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+    try:
+        outputs = ort_session(probe).get_outputs()
+    except Exception as e:  # ORT raises its own Fail/InvalidGraph/NotImplemented per problem
+        return {}, f"ONNX Runtime cannot load it: {str(e).splitlines()[0][:300]}"
+    types = {o.name: o.type for o in outputs if o.name in names}
+    found = {n: _ORT_TYPES[t] for n, t in types.items() if t in _ORT_TYPES}
+    return found, "ONNX Runtime infers no tensor type for it"
+
+
+# ONNX Runtime's type strings ("tensor(float)") -> ONNX element types
+_ORT_TYPES = {f"tensor({name.lower()})": elem for name, elem in TensorProto.DataType.items() if elem}
 
 
 def _casts_into_bodies(model: onnx.ModelProto) -> None:

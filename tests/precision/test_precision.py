@@ -520,20 +520,75 @@ def _gelu_model() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("precision, keep", [("bf16", []), ("fp16", ["gelu"])])
-def test_an_op_without_an_onnx_schema_kept_in_fp32_before_low_precision_readers_is_a_model_error(precision, keep):
-    """ONNX infers no output type for it, so its fp32 output could not be cast for the Relu that reads it
-    (ONNX Runtime refused the rewritten model: a Relu typed float16 given float)."""
-    with pytest.raises(ModelError, match=r"segment 'ms': node 'gelu' \(com.microsoft.Gelu\) stays fp32, but ONNX "
-                                         r"infers no type for its output 'g'.*\(relu\)"):
-        apply_precision(_gelu_model(), precision, keep_fp32=keep)
-    x = np.random.default_rng(29).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
+def test_an_op_without_an_onnx_schema_kept_in_fp32_gets_its_output_type_from_onnx_runtime(precision, keep):
+    """ONNX infers no output type for com.microsoft's Gelu, and the fp16 pass then handed its fp32 output to
+    the low-precision Relu (ONNX Runtime refused the model). ONNX Runtime types it float: cast for the Relu."""
+    low = {"fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[precision]
+    m = apply_precision(_gelu_model(), precision, keep_fp32=keep)
+    makers = {o: n for n in m.graph.node for o in n.output}
+    gelu = next(n for n in m.graph.node if n.op_type == "Gelu")
+    assert makers[gelu.input[0]].op_type == "Cast"  # the Gelu stays fp32
+    relu_in = makers[next(n for n in m.graph.node if n.op_type == "Relu").input[0]]
+    assert relu_in.op_type == "Cast" and relu_in.attribute[0].i == low and relu_in.input[0] == gelu.output[0]
+    if precision == "fp16":  # ONNX Runtime's CPU provider has no bf16 Relu to run the other
+        x = np.random.default_rng(29).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
+        fp32, fp16 = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+                      for m in (_gelu_model(), m))
+        np.testing.assert_allclose(fp16, fp32, rtol=2 ** -8, atol=2 ** -8)
+
+
+def test_an_untyped_integer_output_of_a_kept_op_is_left_uncast():
+    """com.microsoft's Range, kept fp32, makes the int64 indices a converted Gather reads: ONNX infers no type
+    for them, ONNX Runtime says int64, so nothing is cast (this was refused as if it were fp32)."""
+    w = np.random.default_rng(39).standard_normal((4, 4, 1, 1)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.int64(1), "start"),
+             numpy_helper.from_array(np.int64(4), "limit"), numpy_helper.from_array(np.int64(2), "delta")]
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+                               helper.make_node("Range", ["start", "limit", "delta"], ["idx"], domain="com.microsoft",
+                                                name="range"),
+                               helper.make_node("Gather", ["c", "idx"], ["y"], axis=1, name="gather")], "ms",
+                              [helper.make_tensor_value_info("x", FLOAT, [1, 4, 4, 4])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 2, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    m16 = apply_precision(model, "fp16", keep_fp32=["range"])
+    gather = next(n for n in m16.graph.node if n.op_type == "Gather")
+    assert gather.input[1] == "idx"  # read as Range made it
+    x = np.random.default_rng(40).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
     fp32, fp16 = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-                  for m in (_gelu_model(), apply_precision(_gelu_model(), "fp16")))  # converted with its readers
+                  for m in (model, m16))
     np.testing.assert_allclose(fp16, fp32, rtol=2 ** -8, atol=2 ** -8)
 
 
+def test_an_untyped_output_onnx_runtime_cannot_type_either_is_a_model_error():
+    """An op of a domain neither knows: the error names the node, its output, its readers and why."""
+    model = _gelu_model()
+    model.graph.node[1].domain = "acme.ops"
+    model.opset_import.append(helper.make_opsetid("acme.ops", 1))
+    with pytest.raises(ModelError, match=r"segment 'ms': node 'gelu' \(acme.ops.Gelu\) stays fp32, but neither ONNX "
+                                         r"nor ONNX Runtime gives a type for its output 'g' \(ONNX Runtime cannot load "
+                                         r"it: .*Gelu.*\).*\(relu\)"):
+        apply_precision(model, "fp16", keep_fp32=["gelu"])
+
+
+def test_an_untyped_output_inside_an_if_body_is_a_model_error():
+    """ONNX Runtime is asked about main-graph tensors only: a body's untyped output is still refused."""
+    then = helper.make_graph([helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft", name="gelu"),
+                              helper.make_node("Relu", ["g"], ["t"], name="relu")], "then", [],
+                             [helper.make_tensor_value_info("t", FLOAT, [1, 4])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="neg")], "else", [],
+                              [helper.make_tensor_value_info("e", FLOAT, [1, 4])])
+    graph = helper.make_graph([helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other, name="if")],
+                              "ms", [helper.make_tensor_value_info("x", FLOAT, [1, 4]),
+                                     helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(ModelError, match=r"node 'gelu' \(com.microsoft.Gelu\) stays fp32.*output 'g' \(it is inside "
+                                         r"an If/Loop body.*\(relu\)"):
+        apply_precision(model, "fp16", keep_fp32=["gelu"])
+
+
 def test_keeping_the_readers_of_an_untyped_fp32_output_in_fp32_too_gives_a_valid_model():
-    """What the error above advises; an untyped output nothing reads needs nothing."""
+    """What the errors above advise; an untyped output nothing reads needs nothing."""
     x = np.random.default_rng(37).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
     fp32 = ort.InferenceSession(_gelu_model().SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     m16 = apply_precision(_gelu_model(), "fp16", keep_fp32=["gelu", "relu"])
