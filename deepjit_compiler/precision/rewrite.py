@@ -201,8 +201,9 @@ def _casts_into_bodies(model: onnx.ModelProto) -> None:
     """ORT's fp16 pass puts the Casts around a blocked node of an If/Loop/Scan body in the main graph,
     where the body's tensors they read do not exist (an invalid model): move each such Cast into the
     body that makes its input (`_fold_round_trips` sorts the bodies after). Casts of main-graph tensors
-    stay: a body may read them from there. (A body's tensor name is never a main-graph one: ONNX
-    forbids a body to shadow an outer name.)"""
+    stay: a body may read them from there. The types it records for body tensors (the blocked node's
+    renamed outputs, the Casts') go into their bodies too: gs reads a body's types from the body only.
+    (A body's tensor name is never a main-graph one: ONNX forbids a body to shadow an outer name.)"""
     top = model.graph
     makers = {o: g for g in list(all_graphs(top))[1:] for n in g.node for o in n.output}
     moving = True
@@ -213,9 +214,9 @@ def _casts_into_bodies(model: onnx.ModelProto) -> None:
             body = makers[cast.input[0]]
             body.node.append(cast)
             makers[cast.output[0]] = body
-            for vi in [vi for vi in top.value_info if vi.name == cast.output[0]]:  # else gs sees two tensors
-                top.value_info.remove(vi)
-                body.value_info.append(vi)
+    for vi in [vi for vi in top.value_info if vi.name in makers]:  # else gs sees two tensors of one name
+        top.value_info.remove(vi)
+        makers[vi.name].value_info.append(vi)
 
 
 def _to_bfloat16(model: onnx.ModelProto, ops: set[str], nodes: set[str]) -> onnx.ModelProto:
@@ -280,23 +281,28 @@ def _fold_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
     Softmax and its Conv, a kept op and a graph output), becomes an Identity of the fp32 value: the
     rounding helps nothing there. A Cast to the type its input already has (a segment output stored
     in the engine's dtype, once its producer is fp16) goes: the producer makes the output itself.
-    Then topologically sort (TensorRT's parser needs it)."""
+    Both in If/Loop bodies too. Then topologically sort (TensorRT's parser needs it)."""
     with G_LOGGER.suppress(G_LOGGER.ERROR):  # gs warns that numpy lacks bfloat16; types are kept
         graph = gs.import_onnx(model)
-    for node in list(graph.nodes):
-        _drop_if_no_op_cast(graph, node)
-    for node in graph.nodes:
-        if node.op != "Cast" or node.attrs.get("to") != TensorProto.FLOAT:
-            continue
-        mid = node.inputs[0]
-        if len(mid.inputs) != 1 or mid.inputs[0].op != "Cast" or mid.inputs[0].attrs.get("to") not in LOW:
-            continue
-        src = mid.inputs[0].inputs[0]
-        if src.dtype == np.float32:
-            node.op, node.attrs, node.inputs = "Identity", {}, [src]
+    for g in (graph, *graph.subgraphs(recursive=True)):
+        for node in list(g.nodes):
+            _drop_if_no_op_cast(g, node)
+        for node in g.nodes:
+            _fold_round_trip(node)
     graph.cleanup().toposort()
     with G_LOGGER.suppress(G_LOGGER.ERROR):
         return gs.export_onnx(graph, do_type_check=False)
+
+
+def _fold_round_trip(node: gs.Node) -> None:
+    if node.op != "Cast" or node.attrs.get("to") != TensorProto.FLOAT:
+        return
+    mid = node.inputs[0]
+    if len(mid.inputs) != 1 or mid.inputs[0].op != "Cast" or mid.inputs[0].attrs.get("to") not in LOW:
+        return
+    src = mid.inputs[0].inputs[0]
+    if src.dtype == np.float32:
+        node.op, node.attrs, node.inputs = "Identity", {}, [src]
 
 
 def _drop_if_no_op_cast(graph: gs.Graph, node: gs.Node) -> None:

@@ -455,6 +455,21 @@ def test_keep_fp32_names_a_node_of_an_if_body():
         check_keep_fp32([model], ["then_rely"])
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_round_trip_between_two_kept_ops_of_an_if_body_is_folded(precision):
+    """Max (blocked) then Relu (kept by name) in the then-branch: the fp32 -> low -> fp32 Casts the pass puts
+    between them round for nothing, and go as they do in the main graph; the model stays valid."""
+    low = apply_precision(if_model(seed=19), precision, keep_fp32=["then_relu"])
+    onnx.checker.check_model(low, full_check=True)
+    body = next(a.g for a in node(low, "if").attribute if a.name == "then_branch")
+    makers = {o: n for n in body.node for o in n.output}
+    relu = next(n for n in body.node if n.name == "then_relu")
+    chain = [makers[relu.input[0]]]
+    while chain[-1].op_type in ("Identity", "Cast") and chain[-1].input[0] in makers:
+        chain.append(makers[chain[-1].input[0]])
+    assert [n.op_type for n in chain] == ["Identity", "Max"]
+
+
 def test_bf16_constants_are_rounded_from_fp32_and_dtype_attributes_retyped():
     """A Constant of 70000 (past fp16's 65504, which the fp16 pass clamps to) is bf16's 70144, and an
     EyeLike made in float16 by the fp16 pass makes bfloat16; the emulated graph computes with them."""
