@@ -117,6 +117,17 @@ def assert_same_detections(ref, got, *, min_iou=0.99, score_atol=1e-4):
     return m
 
 
+def assert_close_detections_on_cuda(ref, got):
+    """The fp16 segment on the CPU provider is the reference's own engine: the same detections. On the
+    CUDA provider it multiplies in fp16 (the CPU provider in fp32): on the H200 only 2 of 800
+    detections met IoU 0.99 and scores within 1e-4, the end_to_end level saw 18 of 537 move against
+    the fp32 model (min IoU 0.91, scores 2.7e-2), and 3 of 191 on 2x2-block noise (IoU 0.93, scores
+    2.4e-2): there, the precision gate's lossy defaults."""
+    m = evaluate_detections(images_from_batch(ref), images_from_batch(got), threshold=None)
+    assert m.map50_95 >= 0.9 and m.recall >= 0.9 and m.precision >= 0.9, m.describe()
+    assert m.total.reference > 0, "no detections: the comparison would prove nothing"
+
+
 # ----------------------------------------------------------------------------- end to end
 @pytest.mark.parametrize("batch", [3, 8])
 def test_pipeline_equals_onnxruntime_on_the_bundles_pieces(bundles, batch):
@@ -129,14 +140,8 @@ def test_pipeline_equals_onnxruntime_on_the_bundles_pieces(bundles, batch):
         engine = pipe.describe()["engine"]
     want = reference(bundles["yolov8n_native"], {"images": x})
     assert {k: v.shape for k, v in got.items()} == {k: v.shape for k, v in want.items()}
-    # The fp16 segment on the CPU provider is the reference's own engine: the same detections. On the
-    # CUDA provider it multiplies in fp16 (the CPU provider in fp32): on the H200 only 2 of 800
-    # detections met IoU 0.99 and scores within 1e-4, and the end_to_end level saw 18 of 537 move
-    # against the fp32 model (min IoU 0.91, scores 2.7e-2): there, the precision gate's lossy defaults.
     if engine.startswith("cuda"):
-        m = evaluate_detections(images_from_batch(want), images_from_batch(got), threshold=None)
-        assert m.map50_95 >= 0.9 and m.recall >= 0.9 and m.precision >= 0.9, m.describe()
-        assert m.total.reference > 0, "no detections: the comparison would prove nothing"
+        assert_close_detections_on_cuda(want, got)
         return
     match = assert_same_detections(want, got)
     assert match.total.reference > 0, "no detections: the comparison would prove nothing"
@@ -328,7 +333,10 @@ def test_run_bundle_maps_boxes_into_the_image(bundles, tmp_path):
         got = {"num_dets": np.array([len(a["detections"])]),
                **{k: np.array([[d[field] for d in a["detections"]]])
                   for k, field in (("boxes", "box"), ("scores", "score"), ("classes", "class"))}}
-        assert_same_detections(want, got, min_iou=0.98, score_atol=1e-2)
+        if result["engine"].startswith("cuda"):
+            assert_close_detections_on_cuda(want, got)
+        else:
+            assert_same_detections(want, got, min_iou=0.98, score_atol=1e-2)
         assert json.loads((tmp_path / f"{name}.json").read_text())["results"] == result["results"]
 
 
