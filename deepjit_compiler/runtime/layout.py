@@ -325,6 +325,23 @@ class Layout:
         final = tuple(o.name for o in self.outputs if o.name not in on_host)
         return Schedule(tuple(phases), final, tuple(dict.fromkeys(device)))
 
+    def dtypes(self) -> dict[str, str]:
+        """Every tensor's dtype, as the inputs, segments and kernels that make it declare; BundleError
+        where a kernel reads a tensor in a dtype other than the one the pipeline makes it in (its
+        buffer would be read as the wrong type)."""
+        dtypes = {i.name: i.dtype for i in self.inputs}
+        for step in self.steps:
+            dtypes.update({t.name: t.dtype for t in step.outputs} if step.kind == "segment" else {})
+            for k in step.kernels:
+                for sig in k.sigs:
+                    name = k.plan_name(sig.name)
+                    if sig.role == "output":
+                        dtypes[name] = sig.dtype
+                    elif name in dtypes and dtypes[name] != sig.dtype:
+                        raise BundleError(f"kernel {k.name} reads '{sig.name}' ({name}) as {sig.dtype}, but the "
+                                          f"pipeline makes it {dtypes[name]}")
+        return dtypes
+
     # -- shapes ----------------------------------------------------------------------------------
     def symbols(self) -> dict[str, tuple[str, int]]:
         """Symbolic input dims -> (input, axis), e.g. 'batch' -> ('images', 0)."""

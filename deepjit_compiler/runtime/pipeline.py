@@ -32,7 +32,7 @@ import numpy as np
 
 from ..bundle.folder import read_bundle
 from ..bundle.view import BundleView
-from ..errors import BundleError, KernelError
+from ..errors import KernelError
 from .code import choose_code
 from .gpu import DeviceArray, Gpu, driver_version
 from .graphs import EngineCall, PreparedPhase, view
@@ -122,7 +122,7 @@ class Pipeline(LayoutFacts):
         self.schedule = layout.schedule(device_engines)
         self.phases: tuple[Phase, ...] = self.schedule.phases
         self.max_shapes = self._max_shapes()
-        self._check_dtypes()
+        self._dtypes = layout.dtypes()
         for name in self.schedule.device_tensors:
             self._buffers[name] = gpu.zeros(self.max_shapes[name], self._dtypes[name], name)
         for step in layout.steps:
@@ -185,20 +185,6 @@ class Pipeline(LayoutFacts):
                  {t.name: known[t.name] for t in step.inputs})
         feed = {t.name: np.zeros(known[t.name], t.dtype) for t in step.inputs}
         return {k: tuple(v.shape) for k, v in self._runners[step.name].infer(feed).items()}
-
-    def _check_dtypes(self) -> None:
-        dtypes = {i.name: i.dtype for i in self.layout.inputs}
-        for step in self.layout.steps:
-            dtypes.update({t.name: t.dtype for t in step.outputs} if step.kind == "segment" else {})
-            for k in step.kernels:
-                for sig in k.sigs:
-                    name = k.plan_name(sig.name)
-                    if sig.role == "output":
-                        dtypes[name] = sig.dtype
-                    elif name in dtypes and dtypes[name] != sig.dtype:
-                        raise BundleError(f"kernel {k.name} reads '{sig.name}' ({name}) as {sig.dtype}, but the "
-                                          f"pipeline makes it {dtypes[name]}")
-        self._dtypes = dtypes
 
     # -- preparing a phase -----------------------------------------------------------------------
     def _prepare(self, index: int, reads: Mapping[str, tuple[int, ...]], bucket: int, *, lazy: bool) -> PreparedPhase:

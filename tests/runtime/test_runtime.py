@@ -341,6 +341,28 @@ def test_broken_plans_are_bundle_errors(t4_bundle):
         Layout.from_manifest(user)
 
 
+def test_every_tensor_has_the_dtype_its_maker_declares(t4_bundle, t4_layout):
+    """The buffers' dtypes: the input's, the fp16 segment's head maps (handed to the decode in the
+    engine's dtype), the decode's candidates and the nms's detections, as their contracts declare."""
+    heads = head_names(read_bundle(t4_bundle).manifest)
+    dtypes = t4_layout.dtypes()
+    assert dtypes["images"] == "float32" and {dtypes[h] for h in heads} == {"float16"}
+    assert [dtypes[n] for n in ("cand_count", "cand_boxes", "cand_scores", "cand_classes", "cand_index")] == \
+        ["int32", "float32", "float32", "int32", "int32"]
+    assert [dtypes[n] for n in ("num_dets", "boxes", "scores", "classes")] == ["int32", "float32", "float32", "int32"]
+
+
+def test_a_kernel_reading_a_tensor_in_another_dtype_is_a_bundle_error(t4_bundle):
+    """A segment that makes a head map in float32 while the decode reads it as float16 (the bundle's
+    records disagree): its buffer would be read as the wrong type, so loading refuses, naming both."""
+    m = copy.deepcopy(read_bundle(t4_bundle).manifest)
+    head = next(t for t in m["plan"]["steps"][0]["outputs"] if t["name"] == head_names(m)[0])
+    head["dtype"] = "float32"
+    with pytest.raises(BundleError, match=rf"kernel decode/yolov8_decode reads '\w+' \({re.escape(head['name'])}\) as "
+                                          r"float16, but the pipeline makes it float32"):
+        Layout.from_manifest(m).dtypes()
+
+
 def test_a_fused_decode_makes_the_detections_and_its_nms_stage_nothing(t4_bundle):
     """decode in mode nms + nms with fused: true: the decode step writes the detections, the nms step
     reads and writes nothing; both writing them, or neither, is a located error."""
