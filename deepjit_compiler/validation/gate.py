@@ -32,6 +32,7 @@ from .data import row_labels
 from .detections import DETECTION_KEYS, evaluate_detections, images_from_batch
 
 log = logging.getLogger("deepjit.gate")
+EMPTY = "(on no detections at all: this proves nothing)"
 G_LOGGER.module_severity = G_LOGGER.ERROR  # Polygraphy's per-output chatter goes to our summary instead
 
 RUN_RESULTS = ".runresults.json"
@@ -261,5 +262,10 @@ def _compare_detections(label: str, group: DetectionOutputs, ref_iters, test_ite
                                   margin=tolerance.margin)
     short = metrics.shortfalls(tolerance)
     verdict = "passed" if not short else "failed on " + ", ".join(short)
+    if not metrics.total.reference and not metrics.total.produced:
+        # a trained detector on random inputs: both sides agree on nothing, and the gate would pass blind
+        verdict += f" {EMPTY}"
+        log.warning("%s: neither side detected anything on the validation data (%d images), so this comparison "
+                    "proves nothing; validate on real images: validation.data: {folder: ...}", label, metrics.images)
     return OutputResult(label, not short, max_abs=metrics.max_score_diff, detail=f"{verdict} | {metrics.describe()}",
                         metrics=metrics.to_dict(), tolerance={**tolerance.model_dump(), "threshold": group.threshold})

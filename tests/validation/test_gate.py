@@ -1,4 +1,6 @@
 """The accuracy gate: Polygraphy's Comparator, tolerances per output, detections as sets."""
+import logging
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -217,6 +219,24 @@ def test_detections_fail_on_class_or_count_change_and_name_the_worst_image():
     (out,) = _compare_sets([ref, ref], [ref, fewer], loose).outputs
     assert out.passed, out.detail
     assert out.tolerance == {**loose.detections.model_dump(), "threshold": 0.25}  # what it was judged by
+
+
+def test_detections_neither_side_finds_pass_but_say_it_proves_nothing(caplog):
+    """A trained detector on random inputs detects nothing on either side: mAP is 1 by definition, so the
+    level passes, and its detail and a warning say the comparison proves nothing, naming the way out."""
+    rng = np.random.default_rng(6)
+    empty = _dets(rng, 0)
+    with caplog.at_level(logging.WARNING, logger="deepjit.gate"):
+        (out,) = _compare_sets([empty, empty], [empty, empty]).outputs
+    assert out.passed and out.detail.startswith("passed (on no detections at all: this proves nothing) | ")
+    assert "in total over 2 images: 0/0 matched (0 produced" in out.detail
+    assert "detections: neither side detected anything on the validation data (2 images)" in caplog.text
+    assert "validation.data: {folder: ...}" in caplog.text
+    some = _dets(rng, 3)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="deepjit.gate"):
+        (one_side,) = _compare_sets([empty], [some]).outputs  # the candidate alone detects: a real failure
+    assert not one_side.passed and "proves nothing" not in one_side.detail and not caplog.text
 
 
 def test_two_detection_groups_are_scored_and_recorded_each_by_its_count():
