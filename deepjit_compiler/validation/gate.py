@@ -197,7 +197,7 @@ def compare_runs(level: str, reference: BaseRunner, candidate: BaseRunner, feeds
     labels = row_labels(feeds)
     for g in groups:
         label = "detections" if len(groups) == 1 else f"detections ({g.count})"
-        outputs.append(_compare_detections(label, g, ref_iters, test_iters, tolerances.detections, labels))
+        outputs.append(_compare_detections(level, label, g, ref_iters, test_iters, tolerances.detections, labels))
     result = from_outputs(level, outputs)
     if report is not None and (result.status == "failed" or config.keep_run_results()):
         atomic_write(report, run_results.to_json().encode())
@@ -251,7 +251,7 @@ def _compare_dense(run_results: RunResults, ref_name: str, test_name: str, names
     return out
 
 
-def _compare_detections(label: str, group: DetectionOutputs, ref_iters, test_iters, tolerance,
+def _compare_detections(level: str, label: str, group: DetectionOutputs, ref_iters, test_iters, tolerance,
                         labels: Sequence[Sequence[str]]) -> OutputResult:
     """Every image of every feed, the reference's detections as ground truth (detections.py)."""
     def images(iters):
@@ -265,7 +265,8 @@ def _compare_detections(label: str, group: DetectionOutputs, ref_iters, test_ite
     if not metrics.total.reference and not metrics.total.produced:
         # a trained detector on random inputs: both sides agree on nothing, and the gate would pass blind
         verdict += f" {EMPTY}"
-        log.warning("%s: neither side detected anything on the validation data (%d images), so this comparison "
-                    "proves nothing; validate on real images: validation.data: {folder: ...}", label, metrics.images)
+        log.warning("%s: %s: neither side detected anything on the validation data (%d images), so this "
+                    "comparison proves nothing; validate on real images: validation.data: {folder: ...}", level, label,
+                    metrics.images)
     return OutputResult(label, not short, max_abs=metrics.max_score_diff, detail=f"{verdict} | {metrics.describe()}",
                         metrics=metrics.to_dict(), tolerance={**tolerance.model_dump(), "threshold": group.threshold})

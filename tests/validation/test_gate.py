@@ -230,7 +230,7 @@ def test_detections_neither_side_finds_pass_but_say_it_proves_nothing(caplog):
         (out,) = _compare_sets([empty, empty], [empty, empty]).outputs
     assert out.passed and out.detail.startswith("passed (on no detections at all: this proves nothing) | ")
     assert "in total over 2 images: 0/0 matched (0 produced" in out.detail
-    assert "detections: neither side detected anything on the validation data (2 images)" in caplog.text
+    assert "end_to_end: detections: neither side detected anything on the validation data (2 images)" in caplog.text
     assert "validation.data: {folder: ...}" in caplog.text
     some = _dets(rng, 3)
     caplog.clear()
