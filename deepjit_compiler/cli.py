@@ -98,7 +98,8 @@ def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> N
 
 
 def verbosity(f):
-    """-v/-q, accepted before the subcommand (`deepjit -q build`) and after it (`deepjit build -q`)."""
+    """-v/-q, accepted before the subcommand (`deepjit -q build`), after it (`deepjit build -q`) and
+    between a group and its command (`deepjit model -q synth`)."""
     f = click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_set_verbosity,
                      help="Only warnings and errors on stderr.")(f)
     return click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_set_verbosity,
@@ -106,13 +107,12 @@ def verbosity(f):
 
 
 class _Group(click.Group):
-    """Every subcommand takes -v/-q too."""
+    """Every subcommand and subgroup takes -v/-q too."""
 
     group_class = type  # `@cli.group()` makes one of these as well
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        if not isinstance(cmd, click.Group):
-            verbosity(cmd)
+        verbosity(cmd)
         super().add_command(cmd, name)
 
 

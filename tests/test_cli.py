@@ -78,6 +78,17 @@ def test_verbosity_options_work_after_the_subcommand(write_spec):
     assert r.returncode == 0 and "[DEBUG]" in r.stderr
 
 
+def test_verbosity_options_work_between_a_group_and_its_command(tmp_path):
+    """`deepjit model -q synth ...` was 'No such option: -q' (exit 2) while `deepjit -q model synth` worked."""
+    for flag, shown, hidden in (("-q", None, "[INFO]"), ("-v", "[DEBUG]", None)):
+        out = tmp_path / f"m{flag}.onnx"
+        r = run_cli("model", flag, "synth", "yolov8n", "-o", str(out))
+        assert r.returncode == 0 and out.is_file(), r.stderr
+        assert (shown is None or shown in r.stderr) and (hidden is None or hidden not in r.stderr), r.stderr
+    r = run_cli("export", "-q", "--help")
+    assert r.returncode == 0 and "triton" in r.stdout
+
+
 def test_every_json_flag_says_what_it_prints():
     for args in (["build"], ["inspect"], ["run"], ["bench"], ["validate"], ["push"], ["ls"]):
         text = " ".join(run_cli(*args, "--help").stdout.split())  # help wraps lines
