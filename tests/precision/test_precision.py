@@ -539,16 +539,16 @@ def test_an_op_without_an_onnx_schema_kept_in_fp32_gets_its_output_type_from_onn
     """ONNX infers no output type for com.microsoft's Gelu, and the fp16 pass then handed its fp32 output to
     the low-precision Relu (ONNX Runtime refused the model). ONNX Runtime types it float: cast for the Relu."""
     low = {"fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[precision]
-    m = apply_precision(_gelu_model(), precision, keep_fp32=keep)
-    makers = {o: n for n in m.graph.node for o in n.output}
-    gelu = next(n for n in m.graph.node if n.op_type == "Gelu")
+    rewritten = apply_precision(_gelu_model(), precision, keep_fp32=keep)
+    makers = {o: n for n in rewritten.graph.node for o in n.output}
+    gelu = next(n for n in rewritten.graph.node if n.op_type == "Gelu")
     assert makers[gelu.input[0]].op_type == "Cast"  # the Gelu stays fp32
-    relu_in = makers[next(n for n in m.graph.node if n.op_type == "Relu").input[0]]
+    relu_in = makers[next(n for n in rewritten.graph.node if n.op_type == "Relu").input[0]]
     assert relu_in.op_type == "Cast" and relu_in.attribute[0].i == low and relu_in.input[0] == gelu.output[0]
     if precision == "fp16":  # ONNX Runtime's CPU provider has no bf16 Relu to run the other
         x = np.random.default_rng(29).uniform(-1, 1, size=(1, 4, 4, 4)).astype(np.float32)
         fp32, fp16 = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-                      for m in (_gelu_model(), m))
+                      for m in (_gelu_model(), rewritten))
         np.testing.assert_allclose(fp16, fp32, rtol=2 ** -8, atol=2 ** -8)
 
 
