@@ -69,17 +69,44 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture
-def write_spec(tmp_path):
-    """Write a variant of the T4 example spec into tmp_path: write_spec(replacements={'old': 'new'})."""
+@pytest.fixture(scope="session")
+def synthetic_model(tmp_path_factory):
+    """place(spec): writes the synthetic model a spec names at its model.path, each set of options made
+    once a session. A dry run of a spec whose model file is missing synthesizes it in memory, ~2 s in
+    every CLI process: most of test_build's dry runs test something else."""
+    from deepjit_compiler.model.synth import write_synthetic
+    from deepjit_compiler.spec.load import load_spec
 
-    def write(replacements: dict[str, str] | None = None, name: str = "spec.yaml", text: str | None = None) -> Path:
+    made: dict[tuple, Path] = {}
+
+    def place(spec: Path) -> None:
+        m = load_spec(spec).spec.model
+        assert m.synthesize, f"test bug: {spec} names no synthetic model to place"
+        key = (m.synthesize, m.seed, m.head_layout, m.dynamic)
+        if key not in made:
+            made[key] = write_synthetic(m.synthesize, tmp_path_factory.mktemp("synthetic") / "model.onnx",
+                                        seed=m.seed, head_layout=m.head_layout, dynamic=m.dynamic)
+        m.path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(made[key], m.path)
+
+    return place
+
+
+@pytest.fixture
+def write_spec(tmp_path, request):
+    """Write a variant of the T4 example spec into tmp_path: write_spec(replacements={'old': 'new'}).
+    With model=True its synthetic model is written too (synthetic_model)."""
+
+    def write(replacements: dict[str, str] | None = None, name: str = "spec.yaml", text: str | None = None,
+              model: bool = False) -> Path:
         body = text if text is not None else (PIPELINES / "yolov8_t4.yaml").read_text()
         for old, new in (replacements or {}).items():
             assert old in body, f"test bug: {old!r} is not in the spec"
             body = body.replace(old, new)
         path = tmp_path / name
         path.write_text(body)
+        if model:
+            request.getfixturevalue("synthetic_model")(path)
         return path
 
     return write

@@ -22,8 +22,10 @@ from deepjit_compiler.runtime.layout import Layout
 N = YOLOV8N_T4  # tests/validation/test_gate_gpu.py builds the same variant
 
 
-def _spec(write_spec, **extra):
-    return write_spec({**N, **extra})
+def _spec(write_spec, model=False, **extra):
+    """The yolov8n variant of the T4 spec with `extra` edits; model=True places its synthetic model too
+    (conftest.synthetic_model: the dry runs below test other things than synthesizing it)."""
+    return write_spec({**N, **extra}, model=model)
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -156,7 +158,7 @@ def test_an_fp16_bundle_carries_the_head_maps_in_fp16_from_the_engine_to_the_dec
 
 @pytest.mark.parametrize("precision, head_dtype", [("fp32", "float32"), ("fp16", "float16")])
 def test_dry_run_plan_hands_the_decode_the_engines_dtype(write_spec, precision, head_dtype):
-    spec = _spec(write_spec, **{"precision: fp16": f"precision: {precision}"})
+    spec = _spec(write_spec, model=True, **{"precision: fp16": f"precision: {precision}"})
     r = run_cli("build", str(spec), "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     segment, decode, nms = json.loads(r.stdout)["plan"]
@@ -171,7 +173,7 @@ def test_dry_run_json_plan_both_layouts(write_spec, layout, dynamic):
     if dynamic:
         extra.update({"shape: [batch, 3, 640, 640]": "shape: [batch, 3, height, width]",
                       "max: [8, 3, 640, 640]": "max: [8, 3, 1280, 1280]", "min: [1, 3, 640, 640]": "min: [1, 3, 320, 320]"})
-    r = run_cli("build", str(_spec(write_spec, **extra)), "--dry-run", "--json")
+    r = run_cli("build", str(_spec(write_spec, model=True, **extra)), "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)["plan"]
     decode = next(s for s in plan if s["name"] == "decode")
@@ -184,11 +186,12 @@ DECODE_CONF = "conf_threshold: 0.25        # same as NMS's"
 
 def test_a_decode_threshold_above_the_nms_one_is_refused_and_one_below_is_a_warning(write_spec, tmp_path):
     """Found through the contracts' roles.score_threshold (the decode's candidates feed the nms)."""
-    r = run_cli("build", str(_spec(write_spec, **{DECODE_CONF: "conf_threshold: 0.3 #"})), "--dry-run")
+    r = run_cli("build", str(_spec(write_spec, model=True, **{DECODE_CONF: "conf_threshold: 0.3 #"})), "--dry-run")
     assert r.returncode == 2, r.stderr
     assert ("cut 'decode' kernels[0] (yolov8_decode)'s conf_threshold 0.3 and cut 'nms' kernels[0] (nms)'s "
             "conf_threshold 0.25") in r.stderr and "(0.25, 0.3] that cut 'nms'" in r.stderr and "lost" in r.stderr
-    r = run_cli("build", str(_spec(write_spec, **{DECODE_CONF: "conf_threshold: 0.2 #"})), "--dry-run", "--json")
+    spec = _spec(write_spec, model=True, **{DECODE_CONF: "conf_threshold: 0.2 #"})
+    r = run_cli("build", str(spec), "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     (warning,) = [n for n in json.loads(r.stdout)["notes"] if n.startswith("warning:")]
     assert "the candidates cut 'decode' kernels[0] (yolov8_decode) keeps in (0.2, 0.25] are dropped" in warning
@@ -206,7 +209,7 @@ def test_a_decode_threshold_above_the_nms_one_is_refused_and_one_below_is_a_warn
 def test_a_half_fused_decode_and_nms_is_refused_before_any_work(write_spec, edits, message):
     """yolov8_decode mode nms does the nms stage's work; the stage must then say fused: true, with the
     same thresholds, max_det and agnostic (the contracts' roles.done_before), and not otherwise."""
-    r = run_cli("build", str(_spec(write_spec, **edits)), "--dry-run")
+    r = run_cli("build", str(_spec(write_spec, model=True, **edits)), "--dry-run")
     assert r.returncode == 2, r.stderr
     assert message in r.stderr, r.stderr
 
@@ -214,7 +217,7 @@ def test_a_half_fused_decode_and_nms_is_refused_before_any_work(write_spec, edit
 def test_a_fused_decode_and_nms_keep_the_nms_stage_and_its_outputs(write_spec):
     """Fully fused, the spec passes its checks and the plan still ends in the nms stage, whose outputs
     (what its reference and the gate compare) are the pipeline's."""
-    r = run_cli("build", str(_spec(write_spec, **FUSED)), "--dry-run", "--json")
+    r = run_cli("build", str(_spec(write_spec, model=True, **FUSED)), "--dry-run", "--json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)["plan"]
     assert [s["name"] for s in plan][-2:] == ["decode", "nms"]
@@ -360,7 +363,7 @@ def test_a_users_launch_past_cudas_limits_is_refused_before_any_work(write_spec,
     profile's min and max) against the target's limits, so `build --dry-run` on a CPU box says what the
     driver would only say on the GPU; the message names the spec, the cut, the contract's path and the rest."""
     ref = edited_contract(tmp_path / "my_kernels", builtin, "mine", old, new)
-    spec = _spec(write_spec, **({NMS_REF: f"      - contract: {ref}\n"} if builtin == "nms" else
+    spec = _spec(write_spec, model=True, **({NMS_REF: f"      - contract: {ref}\n"} if builtin == "nms" else
                                 {DECODE_REF: f"      - contract: {ref} "}))
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2, r.stderr
@@ -373,9 +376,9 @@ def test_a_grid_past_its_limit_only_at_the_max_batch_is_refused_only_with_that_b
     """grid y is B * 8192: 65536 at batch 8 is one past the limit, 32768 at batch 4 is fine."""
     ref = edited_contract(tmp_path / "my_kernels", "yolov8_decode", "mine", ", B]\n", ', "B * 8192"]\n')
     to_mine = {DECODE_REF: f"      - contract: {ref} "}
-    r = run_cli("build", str(_spec(write_spec, **to_mine)), "--dry-run")
+    r = run_cli("build", str(_spec(write_spec, model=True, **to_mine)), "--dry-run")
     assert r.returncode == 2 and "at batch 8: grid is [17, 65536, 1] (y is 65536)" in r.stderr, r.stderr
-    r = run_cli("build", str(_spec(write_spec, **to_mine, **MAX_4)), "--dry-run")
+    r = run_cli("build", str(_spec(write_spec, model=True, **to_mine, **MAX_4)), "--dry-run")
     assert r.returncode == 0, r.stderr
 
 
@@ -384,9 +387,9 @@ def test_shared_memory_past_the_t4s_limit_is_fine_for_an_h200(write_spec, tmp_pa
     ref = edited_contract(tmp_path / "my_kernels", "nms", "mine", 'shared_mem: "chunk * (chunk // 8 + 28)"',
                           "shared_mem: 100000")
     to_mine = {NMS_REF: f"      - contract: {ref}\n"}
-    r = run_cli("build", str(_spec(write_spec, **to_mine)), "--dry-run")
+    r = run_cli("build", str(_spec(write_spec, model=True, **to_mine)), "--dry-run")
     assert r.returncode == 2 and "shared_mem is 100000 bytes; the target sm_75 (T4) allows 0 to 65536" in r.stderr
-    r = run_cli("build", str(_spec(write_spec, **to_mine, **{"gpu: T4 ": "gpu: H200 "})), "--dry-run")
+    r = run_cli("build", str(_spec(write_spec, model=True, **to_mine, **{"gpu: T4 ": "gpu: H200 "})), "--dry-run")
     assert r.returncode == 0, r.stderr
 
 
@@ -412,7 +415,7 @@ def test_the_builtin_kernels_of_every_shipped_pipeline_launch_within_their_targe
 def test_a_kernel_whose_inputs_only_the_engine_sizes_is_left_to_the_runtime(write_spec):
     """A model with a dynamic input size: the head maps' sizes are dims no input names, so the decode and
     the nms are checked when the bundle loads (runtime/launch.py), and the dry run says so."""
-    r = run_cli("build", str(_spec(write_spec, **{
+    r = run_cli("build", str(_spec(write_spec, model=True, **{
         "dynamic: false": "dynamic: true", "shape: [batch, 3, 640, 640]": "shape: [batch, 3, height, width]",
         "max: [8, 3, 640, 640]": "max: [8, 3, 1280, 1280]", "min: [1, 3, 640, 640]": "min: [1, 3, 320, 320]"})),
         "--dry-run", "--json")
@@ -435,7 +438,7 @@ def test_a_launch_size_that_is_not_a_number_is_exit_2_naming_the_field(write_spe
     """A bare name that is neither a param nor a dim, or a str param, in grid, block or shared_mem: the
     launch check evaluates them at dry run, where int() of the name was a ValueError (exit 3)."""
     ref = edited_contract(tmp_path / "my_kernels", builtin, "mine", old, new)
-    spec = _spec(write_spec, **({NMS_REF: f"      - contract: {ref}\n"} if builtin == "nms" else
+    spec = _spec(write_spec, model=True, **({NMS_REF: f"      - contract: {ref}\n"} if builtin == "nms" else
                                 {DECODE_REF: f"      - contract: {ref} "}))
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2, r.stderr
@@ -455,7 +458,7 @@ def test_an_arg_or_workspace_that_does_not_evaluate_is_exit_2_before_any_work(wr
     """Only a launch on the GPU evaluated them: the build (and its dry run) passed, and the bundle failed
     when it loaded."""
     ref = edited_contract(tmp_path / "my_kernels", "nms", "mine", old, new)
-    spec = _spec(write_spec, **{NMS_REF: f"      - contract: {ref}\n"})
+    spec = _spec(write_spec, model=True, **{NMS_REF: f"      - contract: {ref}\n"})
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{spec}: at batch 1: {tmp_path / 'my_kernels/mine.yaml'}: {message}" in r.stderr, r.stderr
@@ -468,7 +471,7 @@ def test_a_launch_is_checked_at_the_largest_frame_the_profile_allows(write_spec,
                           'grid: ["ceil_div(size, 32)", "H * 61", B]')
     variant = letterbox_variant()
     variant["cuts:\n"] = variant["cuts:\n"].replace("contract: letterbox", f"contract: {ref}")
-    r = run_cli("build", str(_spec(write_spec, **variant)), "--dry-run")
+    r = run_cli("build", str(_spec(write_spec, model=True, **variant)), "--dry-run")
     assert r.returncode == 2, r.stderr
     assert "cut 'letterbox' kernels[0] (my_kernels/mine.yaml): entry point 'letterbox' at batch 1: grid is " \
            "[20, 65880, 1] (y is 65880)" in r.stderr, r.stderr
@@ -480,7 +483,7 @@ def test_an_undescribed_input_of_a_stage_added_before_the_model_is_exit_2(write_
     variant = letterbox_variant()
     del variant["inputs:\n  images:"]
     variant["ranges: {images: [0.0, 1.0]}"] = "ranges: {images: [0.0, 1.0]}"
-    spec = _spec(write_spec, **variant)
+    spec = _spec(write_spec, model=True, **variant)
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{spec}: inputs.raw_images: the pipeline takes 'raw_images' ['batch', 'height', 'width', 3] (stage " \
@@ -500,7 +503,7 @@ def test_a_stage_input_described_unlike_what_the_stage_reads_is_exit_2(write_spe
     wrong channel count was named only by the launch check, in the kernel's words."""
     variant = letterbox_variant()
     variant["inputs:\n  images:"] = variant["inputs:\n  images:"].replace(old, new)
-    spec = _spec(write_spec, **variant)
+    spec = _spec(write_spec, model=True, **variant)
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{spec}: {message}" in r.stderr, r.stderr
@@ -512,7 +515,7 @@ def test_an_input_neither_the_pipeline_nor_its_model_takes_is_exit_2(write_spec)
     variant = letterbox_variant()
     variant["inputs:\n  images:"] = variant["inputs:\n  images:"].replace(
         "  images:", "  raw_image:\n    shape: [1, 480, 640, 3]\n    dtype: uint8\n  images:")
-    spec = _spec(write_spec, **variant)
+    spec = _spec(write_spec, model=True, **variant)
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{spec}: inputs.raw_image: neither the pipeline nor its model takes 'raw_image' (did you mean " \

@@ -70,7 +70,8 @@ def test_json_is_one_document_on_every_exit_code(write_spec, monkeypatch, capsys
 
 
 def test_verbosity_options_work_after_the_subcommand(write_spec):
-    path = write_spec({"path: ../models/yolov8s.onnx": "path: m.onnx", "synthesize: yolov8s": "synthesize: yolov8n"})
+    path = write_spec({"path: ../models/yolov8s.onnx": "path: m.onnx", "synthesize: yolov8s": "synthesize: yolov8n"},
+                      model=True)
     r = run_cli("build", str(path), "--dry-run", "-q")
     assert r.returncode == 0, r.stderr
     assert "[INFO]" not in r.stderr and "decode" in r.stdout

@@ -30,7 +30,7 @@ OUTPUT0 = "      output0: {atol: 2.0e-2, rtol: 1.0e-2}"
      r"images$"),
 ], ids=["range", "tolerance", "precision-tolerance", "kernel-input"])
 def test_a_name_the_pipeline_does_not_have_is_exit_2_at_dry_run(write_spec, old, new, message):
-    spec = write_spec({**YOLOV8N_T4, old: new})
+    spec = write_spec({**YOLOV8N_T4, old: new}, model=True)
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
@@ -41,14 +41,14 @@ def test_a_name_the_pipeline_does_not_have_is_exit_2_at_dry_run(write_spec, old,
 def test_dense_outputs_inside_the_pipeline_may_carry_a_tolerance(write_spec):
     """A segment's output (compared by the precision and engine levels) may, like output0 (the decode's)."""
     head = "/model.22/cv2.0/cv2.0.2/Conv_output_0"
-    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + f"\n      {head}: {{atol: 0.5}}"})
+    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + f"\n      {head}: {{atol: 0.5}}"}, model=True)
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 0, r.stderr
 
 
 def test_a_tolerance_for_a_detection_output_is_refused_naming_the_detections_tolerances(write_spec):
     """The nms's outputs are compared as one detection set at every level: atol/rtol would be ignored."""
-    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + "\n      boxes: {atol: 0.5}"})
+    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + "\n      boxes: {atol: 0.5}"}, model=True)
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2, r.stderr
     assert ("validation.tolerances.outputs.boxes: 'boxes' is compared as part of a detection set (num_dets, boxes, "
@@ -57,7 +57,7 @@ def test_a_tolerance_for_a_detection_output_is_refused_naming_the_detections_tol
 
 def test_a_tolerance_for_a_pipeline_input_is_refused(write_spec):
     """images is what the pipeline is given, not what any level compares."""
-    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + "\n      images: {atol: 0.5}"})
+    spec = write_spec({**YOLOV8N_T4, OUTPUT0: OUTPUT0 + "\n      images: {atol: 0.5}"}, model=True)
     r = run_cli("build", str(spec), "--dry-run")
     assert r.returncode == 2, r.stderr
     assert "validation.tolerances.outputs.images: 'images' is not one of the tensors the levels compare" in r.stderr
