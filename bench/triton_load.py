@@ -63,32 +63,32 @@ def load(url: str, model: str, inputs, clients: int, requests: int) -> dict:
     left, lock, latencies, errors = [requests], threading.Lock(), [], []
 
     def worker():
-        client = grpc.InferenceServerClient(url)
-        while True:
-            with lock:
-                if left[0] == 0:
-                    return
-                left[0] -= 1
-            t0 = time.perf_counter()
-            try:
-                request(client, model, inputs)
-            except Exception as e:  # noqa: BLE001  (counted and reported: the run must say it was not clean)
-                errors.append(str(e))
-                continue
-            latencies.append((time.perf_counter() - t0) * 1e3)
+        with grpc.InferenceServerClient(url) as client:  # closed: an open connection holds the server's stop
+            while True:
+                with lock:
+                    if left[0] == 0:
+                        return
+                    left[0] -= 1
+                t0 = time.perf_counter()
+                try:
+                    request(client, model, inputs)
+                except Exception as e:  # noqa: BLE001  (counted and reported: the run must say it was not clean)
+                    errors.append(str(e))
+                    continue
+                latencies.append((time.perf_counter() - t0) * 1e3)
 
-    stats = grpc.InferenceServerClient(url)
-    before = stats.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    batch = inputs[0][1].shape[0]
-    after = statistics_after(lambda: stats.get_inference_statistics(model, as_json=True)["model_stats"][0], before,
-                             {"inference_count": len(latencies) * batch})
+    with grpc.InferenceServerClient(url) as stats:
+        before = stats.get_inference_statistics(model, as_json=True)["model_stats"][0]
+        threads = [threading.Thread(target=worker) for _ in range(clients)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        batch = inputs[0][1].shape[0]
+        after = statistics_after(lambda: stats.get_inference_statistics(model, as_json=True)["model_stats"][0],
+                                 before, {"inference_count": len(latencies) * batch})
     executions = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
     inferences = int(after.get("inference_count", 0)) - int(before.get("inference_count", 0))
     return {"model": model, "requests": len(latencies), "errors": len(errors), "first_error": errors[:1],
@@ -147,8 +147,7 @@ def main() -> int:
             export_triton(bundle, repo, TritonOptions(name=name, kind=args.kind, instances=args.instances,
                                                       env=args.env, dynamic_batching=batching,
                                                       max_queue_delay_us=args.queue_delay_us))
-        with LocalTritonServer(repo, log_file=args.log) as server:
-            warm = grpc.InferenceServerClient(server.grpc_url)
+        with LocalTritonServer(repo, log_file=args.log) as server, grpc.InferenceServerClient(server.grpc_url) as warm:
             rows = []
             for model in ("unbatched", "batched"):
                 for _ in range(args.warmup):

@@ -2,9 +2,8 @@
 the load benchmark and a user trying an export on one machine start a real Triton server.
 
     with LocalTritonServer(repo) as server:      # ready when the block starts, stopped when it ends
-        client = tritonclient.http.InferenceServerClient(server.http_url)
-        ...
-        client.close()  # else its keep-alive connections hold the stop for Triton's 30 s exit timeout
+        with tritonclient.http.InferenceServerClient(server.http_url) as client:
+            ...  # closed on leaving: open keep-alive connections hold the stop for Triton's 30 s exit timeout
 
 nvidia-pytriton (Linux, glibc >= 2.35) ships tritonserver and its Python backend; the backend's stub for
 this interpreter's Python version sits in its python_backend_stubs/3.X/, so the server gets a backend

@@ -87,14 +87,12 @@ def client_module(protocol: str):
 
 def infer(protocol, url: str, model: str, name: str, array: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
     module = client_module(protocol)
-    client = module.InferenceServerClient(url)
-    try:
+    # Closed on leaving: an open keep-alive connection holds the server's shutdown for its 30 s exit timeout.
+    with module.InferenceServerClient(url) as client:
         inp = module.InferInput(name, list(array.shape), dtype)
         inp.set_data_from_numpy(array)
         result = client.infer(model, [inp])
         return {k: result.as_numpy(k) for k in ("num_dets", "boxes", "scores", "classes")}
-    finally:
-        client.close()  # an open keep-alive connection holds the server's shutdown for its 30 s exit timeout
 
 
 def same_as_run(got: dict[str, np.ndarray], row: int, record: dict) -> None:
@@ -135,8 +133,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, re
     tensors = np.concatenate([letterbox_numpy(bgr(p)[None], size=320, swap_rb=True)["images"] for p in pngs])
     np.save(tmp_path / "tensors.npy", tensors)
     records = run_bundle(real_bundles["host_letterbox"], [tmp_path / "tensors.npy"], device="cpu")["results"]
-    client = client_module("http").InferenceServerClient(server.http_url, concurrency=2)
-    try:
+    with client_module("http").InferenceServerClient(server.http_url, concurrency=2) as client:
         before = client.get_inference_statistics("tensors")["model_stats"][0]
         pending = []
         for i in range(2):
@@ -147,8 +144,6 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, re
         answers = [{k: r.as_numpy(k) for k in ("num_dets", "boxes", "scores", "classes")} for r in results]
         after = statistics_after(lambda: client.get_inference_statistics("tensors")["model_stats"][0], before,
                                  {"inference_count": 2, "execution_count": 1})
-    finally:
-        client.close()
     assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 2
     assert int(after["execution_count"]) - int(before.get("execution_count", 0)) == 1   # one batch of two
     for answer, record in zip(answers, records):
