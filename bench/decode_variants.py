@@ -8,10 +8,14 @@ Each variant is NAME=CONTRACT[:param=int,...] (a contract YAML path, with its te
 beside it, or a name in kernels/), in mode candidates with anchors_per_thread 1 unless given. All run
 interleaved, two rounds, on fp16 head maps of bench/postprocess.py (four sets per batch, cycled), each
 followed by the same nms (block 1024, chunk 512 unless --nms gives others); printed: the decode alone (graph + memset)
-and decode + nms (graph replay), median µs per round, and whether the detections per image are the
-first variant's. With --launches N, each variant's decode + nms chains are only launched N times at the
+and decode + nms (graph replay), median µs per round, the detections per image, and whether the
+detections are the first variant's, row by row. With --launches N, each variant's decode + nms chains are only launched N times at the
 first batch, untimed, for a profiler: `ncu --kernel-name regex:decode --launch-skip 4 --launch-count 1
 python3 bench/decode_variants.py l4=yolov8_decode:lanes_per_anchor=4 --batches 32 --launches 8`.
+--anchor-major NAME...: those variants get each level's box map anchor-major (the memory of [B, H, W, 64],
+bound under the same shape), for a variant that reads it so (bench/anchor_major.py writes one: a
+candidate's 64 logits in 4 sectors rather than 64); --anchor-major-classes NAME...: their class maps too
+(that variant with class_nhwc=1).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from postprocess import (  # noqa: E402
     decode_site,
     head_maps,
     object_classes,
+    same_detections,
     typed_maps,
 )
 
@@ -46,12 +51,23 @@ def nms_params(extra: str) -> dict:
     return variant("nms=nms:" + extra, {**NMS_PARAMS, "chunk": 512})[2]
 
 
+def anchor_major_maps(maps: list[dict[str, np.ndarray]], roles: set[str]) -> list[dict[str, np.ndarray]]:
+    """Each level's maps of `roles` ("box", "cls") anchor-major: the memory of [B, H, W, C], under the
+    shape [B, C, H, W] the site binds."""
+    return [{k: np.ascontiguousarray(v.transpose(0, 2, 3, 1)).reshape(v.shape) if k in roles else v
+             for k, v in lv.items()} for lv in maps]
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("variants", nargs="+", metavar="NAME=CONTRACT[:param=int,...]")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--object-classes", type=object_classes, default=NC)
     ap.add_argument("--launches", type=int, help="only launch each variant N times at the first batch (for ncu)")
+    ap.add_argument("--anchor-major", nargs="+", default=[], metavar="NAME",
+                    help="variants fed anchor-major box maps (the memory of [B, H, W, 64] under the same shape)")
+    ap.add_argument("--anchor-major-classes", nargs="+", default=[], metavar="NAME",
+                    help="variants fed anchor-major class maps too")
     ap.add_argument("--nms", default="", metavar="param=int,...",
                     help="the nms's params over block 1024, chunk 512 (the H200 spec's: block=512,cluster=8)")
     args = ap.parse_args(argv)
@@ -66,28 +82,34 @@ def main(argv: list[str]) -> int:
         rng = np.random.default_rng(batch)
         return [typed_maps(head_maps(rng, batch, args.object_classes), "float16") for _ in range(4)]
 
+    def sets_for(name, sets):
+        roles = {"box"} if name in args.anchor_major else set()
+        roles |= {"cls"} if name in args.anchor_major_classes else set()
+        return [anchor_major_maps(maps, roles) for maps in sets]
+
     if args.launches:
         batch, sets = args.batches[0], fp16_sets(args.batches[0])
         for name, decode in decoders.items():
-            posts = chains(gpu, [decode, nms], site, sets)
+            posts = chains(gpu, [decode, nms], site, sets_for(name, sets))
             for k in range(args.launches):
                 posts[k % len(posts)].launch()
             print(f"b{batch} {name}: {args.launches} launches, detections {posts[0].results()['num_dets'].tolist()[:4]}")
         return 0
     for batch in args.batches:
         sets = fp16_sets(batch)
-        rounds, dets = {name: [] for name in decoders}, {}
+        rounds, dets, outs = {name: [] for name in decoders}, {}, {}
         for _ in range(2):
             for name, decode in decoders.items():
-                out = bench_deepjit(gpu, decode, nms, site, sets, 200, torch)
-                dets[name] = out.pop("_dets")
+                out = bench_deepjit(gpu, decode, nms, site, sets_for(name, sets), 200, torch)
+                dets[name], outs[name] = out.pop("_dets"), out.pop("_out")
                 rounds[name].append((out["deepjit decode alone (graph + memset)"]["gpu_us"][0],
                                      out["deepjit-graph"]["gpu_us"][0]))
-        first = next(iter(dets.values()))
+        first = next(iter(outs.values()))
         for name, r in rounds.items():
             print(f"b{batch} {name:16s} decode alone {' '.join(f'{d:5.1f}' for d, _ in r)}   "
                   f"graph {' '.join(f'{g:5.1f}' for _, g in r)}   detections {dets[name][:4]}"
-                  f"{'' if dets[name] == first else ' (NOT the first variant' + chr(39) + 's)'}", flush=True)
+                  f"{'' if same_detections(outs[name], first) else ' (NOT the first variant' + chr(39) + 's)'}",
+                  flush=True)
     return 0
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 from conftest import REPO
 
 from deepjit_compiler.jit.nvrtc import compile_site_kernel
 
 sys.path.insert(0, str(REPO / "bench"))
-from decode_variants import nms_params  # noqa: E402
+from anchor_major import write_variant  # noqa: E402
+from decode_variants import anchor_major_maps, nms_params  # noqa: E402
 from nms_variants import NMS_PARAMS, variant  # noqa: E402
 from postprocess import decode_site  # noqa: E402
 
@@ -31,3 +33,26 @@ def test_the_nms_after_decode_variants_takes_its_params_over_block_1024_chunk_51
     assert (nms_params("")["block"], nms_params("")["chunk"], nms_params("").get("cluster")) == (1024, 512, None)
     spec = nms_params("block=512,cluster=8")  # the H200 spec's nms
     assert (spec["block"], spec["chunk"], spec["cluster"], spec["max_det"]) == (512, 512, 8, 300)
+
+
+def test_anchor_major_maps_keep_their_shape_and_put_an_anchors_channels_together():
+    rng = np.random.default_rng(5)
+    maps = [{"box": rng.normal(size=(2, 64, 4, 3)).astype(np.float16), "cls": rng.normal(size=(2, 80, 4, 3))}]
+    out = anchor_major_maps(maps, {"box"})[0]
+    assert out["box"].shape == (2, 64, 4, 3) and out["cls"] is maps[0]["cls"]
+    flat = out["box"].reshape(2, -1)
+    # image 1, anchor (y 2, x 1) is local anchor 2 * 3 + 1 = 7: its 64 box logits are 64 * 7 on, in channel order
+    assert np.array_equal(flat[1, 64 * 7:64 * 8], maps[0]["box"][1, :, 2, 1])
+    both = anchor_major_maps(maps, {"box", "cls"})[0]
+    assert np.array_equal(both["cls"].reshape(2, -1)[0, 80 * 11:80 * 12], maps[0]["cls"][0, :, 3, 2])
+
+
+def test_the_anchor_major_decode_variant_compiles_and_reads_the_box_maps_by_anchor(tmp_path):
+    contract = write_variant(tmp_path / "am")
+    code = (tmp_path / "am" / "yolov8_decode.cu.j2").read_text()
+    assert "box + (size_t)p * (4 * REG) + k * REG + r" in code and "(size_t)(k * REG + r) * cs" not in code
+    facts = decode_site("fp16").facts
+    for class_nhwc in (0, 1):
+        k = compile_site_kernel(str(contract), {"mode": "candidates", "anchors_per_thread": 1, "lanes_per_anchor": 2,
+                                                "class_nhwc": class_nhwc}, facts, sm=90, cache_dir=tmp_path)
+        assert k.params["class_nhwc"] == class_nhwc
