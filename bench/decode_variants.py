@@ -7,11 +7,12 @@
 Each variant is NAME=CONTRACT[:param=int,...] (a contract YAML path, with its template and headers
 beside it, or a name in kernels/), in mode candidates with anchors_per_thread 1 unless given. All run
 interleaved, two rounds, on fp16 head maps of bench/postprocess.py (four sets per batch, cycled), each
-followed by the same nms (block 1024, chunk 512 unless --nms gives others); printed: the decode alone (graph + memset)
-and decode + nms (graph replay), median µs per round, the detections per image, and whether the
-detections are the first variant's, row by row. With --launches N, each variant's decode + nms chains are only launched N times at the
-first batch, untimed, for a profiler: `ncu --kernel-name regex:decode --launch-skip 4 --launch-count 1
-python3 bench/decode_variants.py l4=yolov8_decode:lanes_per_anchor=4 --batches 32 --launches 8`.
+followed by the same nms (block 1024, chunk 512 unless --nms gives others); printed: the decode alone
+(graph + memset) and decode + nms (graph replay), median µs per round, the detections per image, and
+whether the detections are the first variant's, row by row. With --launches N, each variant's decode +
+nms chains are only launched N times at the first batch, untimed, for a profiler: `ncu --kernel-name
+regex:decode --launch-skip 4 --launch-count 1 python3 bench/decode_variants.py
+l4=yolov8_decode:lanes_per_anchor=4 --batches 32 --launches 8`.
 --anchor-major NAME...: those variants get each level's box map anchor-major (the memory of [B, H, W, 64],
 bound under the same shape), for a variant that reads it so (bench/anchor_major.py writes one: a
 candidate's 64 logits in 4 sectors rather than 64); --anchor-major-classes NAME...: their class maps too
