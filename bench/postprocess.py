@@ -3,7 +3,8 @@
     python3 bench/postprocess.py [--batches 1 8 32] [--iters 200] [--append bench/RESULTS.md] [--json out.json]
                                  [--head-dtypes float32 float16] [--decode-contract PATH] [--nms-contract PATH]
                                  [--spec pipelines/yolov8_t4.yaml] [--bandwidth-gbs 320] [--estimate-only]
-                                 [--fused [--fused-block 1024] [--fused-chunk 256]] [--object-classes 80]
+                                 [--fused [--fused-block 1024] [--fused-chunk 256] [--fused-cluster 1 8]]
+                                 [--object-classes 80]
 
 --decode-contract / --nms-contract time your own contract (a kernels/*.yaml copy with its template)
 in place of the built-in one, e.g. an earlier version as the same-run baseline.
@@ -14,7 +15,9 @@ engine hands them over, and rounded to fp16 as an fp16 engine does, precision/bo
   deepjit-plain   decode (candidates) + nms kernels, two plain launches per inference
   deepjit-graph   the same two kernels replayed from one CUDA graph
   deepjit-fused-* (--fused) yolov8_decode mode nms: decode and NMS in one launch (the last decode
-                  block of each image runs its NMS), plain and from a CUDA graph
+                  block of each image runs its NMS), plain and from a CUDA graph; -cN, once per
+                  --fused-cluster N above 1: the decode's blocks in clusters of N, the last cluster of
+                  each image runs its NMS (a contract with that param: bench/fused_cluster.py writes one)
   torch-eager     the way ultralytics users run it: Detect-head decode in PyTorch eager, then
                   non_max_suppression with torchvision.ops.batched_nms, all on the GPU
   onnxrt-cpu      ONNX Runtime (CPU) on the references: the cut decode subgraph + nms_reference
@@ -204,10 +207,10 @@ def bench_deepjit(gpu, decode, nms, site, inputs_sets, iters: int, torch) -> dic
     return out
 
 
-def bench_fused(gpu, fused, site, inputs_sets, iters: int, torch) -> dict[str, dict]:
+def bench_fused(gpu, fused, site, inputs_sets, iters: int, torch, prefix: str = "deepjit-fused") -> dict[str, dict]:
     """yolov8_decode mode nms alone: one launch per inference, plain and replayed from a graph."""
     posts = chains(gpu, [fused], site, inputs_sets)
-    out = bench_chains(gpu, torch, posts, iters, "deepjit-fused")
+    out = bench_chains(gpu, torch, posts, iters, prefix)
     out["_out"] = posts[0].results(NMS_OUTPUTS)
     out["_dets"] = out["_out"]["num_dets"].tolist()
     return out
@@ -436,6 +439,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fused", action="store_true", help="also time yolov8_decode mode nms (one launch)")
     ap.add_argument("--fused-block", type=int, help="its block (decode and NMS; default: --nms-block)")
     ap.add_argument("--fused-chunk", type=int, default=256, help="its NMS chunk")
+    ap.add_argument("--fused-cluster", type=int, nargs="+", default=[1],
+                    help="one fused kernel per value: above 1, its blocks in clusters of that many, the last of an "
+                         "image running its NMS (--decode-contract must have the param: bench/fused_cluster.py)")
     ap.add_argument("--object-classes", type=object_classes, default=NC, metavar=f"1..{NC}",
                     help="the objects' classes are drawn from the first this many (1: a crowded frame of one class)")
     args = ap.parse_args(argv)
@@ -482,12 +488,16 @@ def main(argv=None) -> int:
     nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
                                                   "block": args.nms_block, **nms_way}, sites[args.head_dtypes[0]].facts,
                               sm=gpu.sm, debug=args.lineinfo)
-    fused = {}
+    fused = {}  # (dtype, label): kernel
     if args.fused:  # the decode's own way of reading (anchors, lanes) with the NMS block
         params = {**decode_params, "mode": "nms", "iou_threshold": IOU, "max_det": MAX_DET,
                   "block": args.fused_block or args.nms_block, "chunk": args.fused_chunk}
-        fused = {dtype: compile_site_kernel(args.decode_contract, params, site.facts, sm=gpu.sm, debug=args.lineinfo)
-                 for dtype, site in sites.items()}
+        for cluster in args.fused_cluster:
+            label = "deepjit-fused" + (f"-c{cluster}" if cluster > 1 else "")
+            way = {"cluster": cluster} if cluster > 1 else {}  # only what is asked: the shipped contract lacks it
+            for dtype, site in sites.items():
+                fused[(dtype, label)] = compile_site_kernel(args.decode_contract, {**params, **way}, site.facts,
+                                                            sm=gpu.sm, debug=args.lineinfo)
     rows, record, measured = [], {}, {}
     for batch in args.batches:
         rng = np.random.default_rng(batch)
@@ -498,9 +508,11 @@ def main(argv=None) -> int:
             ours = bench_deepjit(gpu, decode, nms, sites[dtype], typed, args.iters, torch)
             print(f"batch {batch}, {dtype} head maps: detections per image deepjit {ours.pop('_dets')[:4]}", flush=True)
             two = ours.pop("_out")
-            if dtype in fused:
-                one = bench_fused(gpu, fused[dtype], sites[dtype], typed, args.iters, torch)
-                print(f"batch {batch}, {dtype} head maps: detections per image deepjit fused {one.pop('_dets')[:4]}, "
+            for (fdtype, label), kernel in fused.items():
+                if fdtype != dtype:
+                    continue
+                one = bench_fused(gpu, kernel, sites[dtype], typed, args.iters, torch, label)
+                print(f"batch {batch}, {dtype} head maps: detections per image {label} {one.pop('_dets')[:4]}, "
                       f"identical to the two kernels': {same_detections(one.pop('_out'), two)}", flush=True)
                 ours = {**ours, **one}
             for name, r in ours.items():
