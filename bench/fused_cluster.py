@@ -13,7 +13,8 @@ the count to the image's clusters runs the NMS as the nms kernel's cluster path 
 CL blocks, each a share of the class groups). Shipped mode nms runs the NMS on one last block, so every
 decode block carries a whole NMS block's registers and shared memory (bench/RESULTS.md, 2026-12-02); here
 the blocks are the nms cluster's 512 threads, and the handover is a cluster barrier and an atomic, not the
-second launch and its wait (issue 17 item 3: batch 1 is a chain of launches and dependent steps).
+second launch and its wait (issue 17 item 3: batch 1 is a chain of launches and dependent steps). Measured
+exact and slower than the two kernels at every batch (bench/RESULTS.md, 2026-12-08 session 36), so not shipped.
 """
 from __future__ import annotations
 
