@@ -14,11 +14,11 @@ mode with anchors_per_thread 1 only (the static_asserts say so).
 """
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_edits import write_decode_variant  # noqa: E402
 
 # (shipped text, its replacement): each shipped text must occur exactly once
 TEMPLATE_EDITS = [
@@ -69,24 +69,9 @@ CONTRACT_EDIT = ("  block: {type: int, default: 128",
                  "  block: {type: int, default: 128")
 
 
-def edited(text: str, edits: list[tuple[str, str]], name: str) -> str:
-    for old, new in edits:
-        if text.count(old) != 1:
-            raise SystemExit(f"{name}: the text to change occurs {text.count(old)} times, not once: {old[:60]!r}")
-        text = text.replace(old, new)
-    return text
-
-
 def write_variant(out: Path) -> Path:
     """The variant's contract folder at `out`; returns its contract's path."""
-    out.mkdir(parents=True, exist_ok=True)
-    for header in ("deepjit_common.cuh", "deepjit_nms.cuh"):
-        shutil.copyfile(REPO / "templates" / header, out / header)
-    template = REPO / "templates" / "yolov8_decode.cu.j2"
-    (out / template.name).write_text(edited(template.read_text(), TEMPLATE_EDITS, str(template)))
-    contract = REPO / "kernels" / "yolov8_decode.yaml"
-    (out / contract.name).write_text(edited(contract.read_text(), [CONTRACT_EDIT], str(contract)))
-    return out / contract.name
+    return write_decode_variant(out, TEMPLATE_EDITS, [CONTRACT_EDIT])
 
 
 if __name__ == "__main__":

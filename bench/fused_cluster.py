@@ -18,14 +18,11 @@ exact and slower than the two kernels at every batch (bench/RESULTS.md, 2026-12-
 """
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from anchor_major import edited  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
+from decode_edits import write_decode_variant  # noqa: E402
 
 SHIPPED_END = """    dj_nms::nms_image<MAX_DET, AGNOSTIC>(b, gridDim.y, cand_count, cand_boxes, cand_scores, cand_classes, cand_index,
                                          capacity, workspace, ws_stride, num_dets, boxes, scores, classes);
@@ -88,14 +85,7 @@ CONTRACT_EDITS = [
 
 def write_variant(out: Path) -> Path:
     """The variant's contract folder at `out`; returns its contract's path."""
-    out.mkdir(parents=True, exist_ok=True)
-    for header in ("deepjit_common.cuh", "deepjit_nms.cuh"):
-        shutil.copyfile(REPO / "templates" / header, out / header)
-    template = REPO / "templates" / "yolov8_decode.cu.j2"
-    (out / template.name).write_text(edited(template.read_text(), TEMPLATE_EDITS, str(template)))
-    contract = REPO / "kernels" / "yolov8_decode.yaml"
-    (out / contract.name).write_text(edited(contract.read_text(), CONTRACT_EDITS, str(contract)))
-    return out / contract.name
+    return write_decode_variant(out, TEMPLATE_EDITS, CONTRACT_EDITS)
 
 
 if __name__ == "__main__":
