@@ -62,19 +62,24 @@ def test_the_anchor_major_decode_variant_compiles_and_reads_the_box_maps_by_anch
 
 def test_the_fused_cluster_variant_pads_each_image_to_whole_clusters_and_compiles_for_sm_90(tmp_path):
     contract = write_fused_cluster(tmp_path / "fc")
-    facts = decode_site("fp16").facts
+    c, facts = load_contract(str(contract)), decode_site("fp16").facts
     params = {"mode": "nms", "anchors_per_thread": 1, "lanes_per_anchor": 4, "large_batch_lanes": 2, "large_batch": 4,
               "iou_threshold": 0.45, "max_det": 300, "block": 512, "chunk": 512}
-    c = load_contract(str(contract))
-    shapes = {f"{role}_{i}": (b, ch, 640 // s, 640 // s) for b in (1,) for i, s in enumerate((8, 16, 32))
-              for role, ch in (("box", 64), ("cls", 80))}
-    for cluster, blocks in ((1, 66), (8, 72), (4, 68)):  # 8400 anchors x 4 lanes / 512 threads = 65.6 blocks
+
+    def launch(batch: int, cluster: int):
         k = compile_site_kernel(str(contract), {**params, "cluster": cluster}, facts, sm=90, cache_dir=tmp_path)
-        (launch,) = launches(c, k.params, bind_dims(c, k.params, shapes), {"workspace": 1, **{s.name: 1 for s in signature(c, k.params)}})
-        assert launch.grid == (blocks, 1, 1)
-        assert launch.symbol == ("deepjit_yolov8_decode_nms<__half, 4, 300, false>" if cluster == 1 else
-                                 f"deepjit_yolov8_decode_nms_cluster<__half, 4, 300, false, {cluster}>")
+        shapes = {f"{role}_{i}": (batch, ch, 640 // s, 640 // s) for i, s in enumerate((8, 16, 32))
+                  for role, ch in (("box", 64), ("cls", 80))}
+        values = {"workspace": 1, **{t.name: 1 for t in signature(c, k.params)}}
+        (one,) = launches(c, k.params, bind_dims(c, k.params, shapes), values)
+        return one
+
+    # batch 1, 4 lanes: 8400 x 4 / 512 = 65.6 blocks an image, padded to whole clusters
+    for cluster, blocks in ((1, 66), (8, 72), (4, 68)):
+        one = launch(1, cluster)
+        assert one.grid == (blocks, 1, 1)
+        assert one.symbol == ("deepjit_yolov8_decode_nms<__half, 4, 300, false>" if cluster == 1 else
+                              f"deepjit_yolov8_decode_nms_cluster<__half, 4, 300, false, {cluster}>")
     # from batch 4 on, 2 lanes: 8400 x 2 / 512 = 32.8 blocks an image, 40 in clusters of 8
-    batch8 = {k: (8, *v[1:]) for k, v in shapes.items()}
-    (launch,) = launches(c, k.params, bind_dims(c, k.params, batch8), {"workspace": 1, **{s.name: 1 for s in signature(c, k.params)}})
-    assert launch.grid == (36, 8, 1) and launch.symbol.endswith("<__half, 2, 300, false, 4>")
+    one = launch(8, 8)
+    assert one.grid == (40, 8, 1) and one.symbol == "deepjit_yolov8_decode_nms_cluster<__half, 2, 300, false, 8>"
