@@ -488,7 +488,7 @@ def main(argv=None) -> int:
     nms = compile_site_kernel(args.nms_contract, {"conf_threshold": CONF, "iou_threshold": IOU, "max_det": MAX_DET,
                                                   "block": args.nms_block, **nms_way}, sites[args.head_dtypes[0]].facts,
                               sm=gpu.sm, debug=args.lineinfo)
-    fused = {}  # (dtype, label): kernel
+    fused = {dtype: {} for dtype in sites}  # dtype: {label: kernel}
     if args.fused:  # the decode's own way of reading (anchors, lanes) with the NMS block
         params = {**decode_params, "mode": "nms", "iou_threshold": IOU, "max_det": MAX_DET,
                   "block": args.fused_block or args.nms_block, "chunk": args.fused_chunk}
@@ -496,8 +496,8 @@ def main(argv=None) -> int:
             label = "deepjit-fused" + (f"-c{cluster}" if cluster > 1 else "")
             way = {"cluster": cluster} if cluster > 1 else {}  # only what is asked: the shipped contract lacks it
             for dtype, site in sites.items():
-                fused[(dtype, label)] = compile_site_kernel(args.decode_contract, {**params, **way}, site.facts,
-                                                            sm=gpu.sm, debug=args.lineinfo)
+                fused[dtype][label] = compile_site_kernel(args.decode_contract, {**params, **way}, site.facts,
+                                                          sm=gpu.sm, debug=args.lineinfo)
     rows, record, measured = [], {}, {}
     for batch in args.batches:
         rng = np.random.default_rng(batch)
@@ -508,9 +508,7 @@ def main(argv=None) -> int:
             ours = bench_deepjit(gpu, decode, nms, sites[dtype], typed, args.iters, torch)
             print(f"batch {batch}, {dtype} head maps: detections per image deepjit {ours.pop('_dets')[:4]}", flush=True)
             two = ours.pop("_out")
-            for (fdtype, label), kernel in fused.items():
-                if fdtype != dtype:
-                    continue
+            for label, kernel in fused[dtype].items():
                 one = bench_fused(gpu, kernel, sites[dtype], typed, args.iters, torch, label)
                 print(f"batch {batch}, {dtype} head maps: detections per image {label} {one.pop('_dets')[:4]}, "
                       f"identical to the two kernels': {same_detections(one.pop('_out'), two)}", flush=True)
