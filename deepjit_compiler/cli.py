@@ -16,18 +16,13 @@ from pathlib import Path
 
 import click
 
-from . import __version__, store
+from . import __version__
 from . import log as logsetup
-from .build import build_pipeline
+from .choices import DEVICES, ENGINE_CHOICES, KINDS
 from .errors import DeepJITError, GateFailed, OutputError
-from .materialize import materialize_bundle
-from .model.synth import write_synthetic
-from .report import format_store, inspect_target, print_build
-from .runtime.run import DEVICES, bench_bundle, format_bench, format_run, run_bundle
-from .runtime.segments import ENGINE_CHOICES
-from .serve.triton import KINDS, TritonOptions, export_triton
-from .spec.load import json_schema
-from .validation.gpu import validate_bundle
+
+# Each command imports the stages it drives when it runs: importing them all here (onnx, GraphSurgeon,
+# Polygraphy, ONNX Runtime, oras) took `deepjit --help` and every command ~1.5 s before any work.
 
 EXISTING = click.Path(exists=True, path_type=Path)
 ENGINE = click.option("--engine", type=click.Choice(ENGINE_CHOICES), default="auto", show_default=True,
@@ -132,6 +127,9 @@ def cli(verbose: bool, quiet: bool) -> None:
 @click.option("--no-publish", is_flag=True, help="Skip the spec's `publish:` step.")
 def build(spec: Path, dry_run: bool, as_json: bool, no_publish: bool) -> None:
     """Build the pipeline described by SPEC (a YAML file)."""
+    from .build import build_pipeline
+    from .report import print_build
+
     try:
         with working(as_json):
             result = build_pipeline(spec, dry_run=dry_run, publish=not no_publish)
@@ -145,6 +143,8 @@ def build(spec: Path, dry_run: bool, as_json: bool, no_publish: bool) -> None:
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of the spec language (for editors)."""
+    from .spec.load import json_schema
+
     with working(True):
         schema = json_schema()
     _emit_json(schema)
@@ -169,6 +169,8 @@ def model_synth(variant: str, output: Path, seed: int, dynamic: bool, head_layou
     """Write a synthetic YOLOv8 detection ONNX whose graph matches an ultralytics export."""
     if (output.exists() or output.is_symlink()) and not force:
         raise OutputError(f"{output}: exists; refusing to overwrite it (use --force to replace it)")
+    from .model.synth import write_synthetic
+
     with working():
         path = write_synthetic(variant, output, seed=seed, dynamic=dynamic, head_layout=head_layout, batch=batch)
     click.echo(f"wrote {path}")
@@ -180,6 +182,8 @@ def model_synth(variant: str, output: Path, seed: int, dynamic: bool, head_layou
 @json_option("the description")
 def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
     """Describe an ONNX model or a DeepJIT bundle (a folder or .tar.gz)."""
+    from .report import inspect_target
+
     with working(as_json):
         info = inspect_target(target, suggest_cuts=suggest_cuts)
     _emit_json(info.data) if as_json else click.echo(printable(info.text))
@@ -198,6 +202,8 @@ def inspect(target: Path, suggest_cuts: bool, as_json: bool) -> None:
 @json_option("the detections per input")
 def run(bundle: Path, inputs, out, prefer, no_graph, device, engine, as_json) -> None:
     """Run BUNDLE on images or tensors on this GPU (or the CPU); boxes are mapped back to the original images."""
+    from .runtime.run import format_run, run_bundle
+
     with working(as_json):
         result = run_bundle(bundle, list(inputs), out, prefer=prefer, graphs=not no_graph, device=device,
                             engine=engine)
@@ -224,6 +230,8 @@ def bench(bundle: Path, batches, no_graph, warmup, iters, prefer, device, engine
     if sizes is not None and len(set(sizes)) != len(sizes):  # a size twice printed two rows of one bench
         raise click.BadParameter(f"{batches!r}: a batch size is given twice; give each once, like 1,8,32",
                                  param_hint="--batch")
+    from .runtime.run import bench_bundle, format_bench
+
     with working(as_json):
         result = bench_bundle(bundle, sizes, graphs=not no_graph, warmup=warmup, iters=iters, prefer=prefer,
                               device=device, engine=engine)
@@ -243,6 +251,8 @@ DATA = click.option("--data", type=click.Path(exists=True, file_okay=False, path
 def validate(bundle: Path, engine: str, data: Path | None, as_json: bool) -> None:
     """Re-run the validation levels this machine can run (kernels, end_to_end and the plans' engine level on
     a GPU) and record them."""
+    from .validation.gpu import validate_bundle
+
     with working(as_json):
         updated, levels = validate_bundle(bundle, engine=engine, data=data)
     record = updated.manifest["validation"]
@@ -285,6 +295,8 @@ def export_triton_cmd(bundle: Path, repo: Path, name, model_version, max_batch, 
         devices = tuple(int(g) for g in gpus.split(",")) if gpus is not None else None
     except ValueError:
         raise click.BadParameter(f"{gpus!r}: give GPU numbers like 0,1", param_hint="--gpus") from None
+    from .serve.triton import TritonOptions, export_triton
+
     options = TritonOptions(name, model_version, max_batch, kind, instances, devices, env, not no_dynamic_batching,
                             max_queue_delay_us)
     with working(as_json):
@@ -304,6 +316,8 @@ def export_triton_cmd(bundle: Path, repo: Path, name, model_version, max_batch, 
 def materialize(bundle: Path, timing_cache: Path | None, data: Path | None) -> None:
     """Build TensorRT plans of BUNDLE's segments on this (target) GPU (deferred ones, or beside its
     TensorRT-RTX plans), check and record them."""
+    from .materialize import materialize_bundle
+
     with working():
         info, report = materialize_bundle(bundle, timing_cache=timing_cache, data=data)
     click.echo(f"materialized {info.path} ({info.digest})")
@@ -319,6 +333,8 @@ def materialize(bundle: Path, timing_cache: Path | None, data: Path | None) -> N
 @json_option("the pushed reference and digest")
 def push(bundle: Path, ref: str, force: bool, as_json: bool) -> None:
     """Push BUNDLE (folder or .tar.gz) to REF: file://PATH:TAG, oci://HOST[:PORT]/REPO:TAG, or a bare TAG."""
+    from . import store
+
     with working(as_json):
         result = store.push(bundle, ref, force=force)
     data = {"ref": result.ref, "digest": result.digest, "pinned": result.pinned}
@@ -330,6 +346,8 @@ def push(bundle: Path, ref: str, force: bool, as_json: bool) -> None:
 @click.argument("dest", required=False, type=click.Path(path_type=Path))
 def pull(ref: str, dest: Path | None) -> None:
     """Pull REF into DEST (default ./TAG), verifying every digest."""
+    from . import store
+
     with working():
         where = store.pull(ref, dest)
     click.echo(f"pulled {ref} into {where}")
@@ -340,6 +358,9 @@ def pull(ref: str, dest: Path | None) -> None:
 @json_option("the tags")
 def ls_(store_url: str, as_json: bool) -> None:
     """List the tags in STORE (file://PATH or oci://HOST[:PORT]/REPO): bundle, validation, size, digest."""
+    from . import store
+    from .report import format_store
+
     with working(as_json):
         entries = store.ls(store_url)
     if as_json:

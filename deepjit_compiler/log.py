@@ -9,8 +9,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from onnx_graphsurgeon.logger import G_LOGGER as graphsurgeon_logger
-from polygraphy.logger import G_LOGGER as polygraphy_logger
 from rich.console import Console
 from rich.filesize import decimal
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -29,6 +27,10 @@ def setup(verbose: bool = False, quiet: bool = False) -> None:
     log.setLevel(level)
     # Polygraphy and GraphSurgeon print their own logs; without the optional `colored` module they
     # first print a warning about it. Their lines go to stderr (cli.working); colors are not wanted.
+    # Imported here, not at the top: GraphSurgeon's logger brings onnx and numpy, which `--help` needs not.
+    from onnx_graphsurgeon.logger import G_LOGGER as graphsurgeon_logger
+    from polygraphy.logger import G_LOGGER as polygraphy_logger
+
     polygraphy_logger.colors = graphsurgeon_logger.colors = False
 
 

@@ -23,6 +23,16 @@ def test_help_everywhere():
         assert r.returncode == 0 and "--engine [auto|plan|onnxruntime]" in r.stdout, r.stdout
 
 
+def test_the_command_line_imports_no_stage_until_a_command_runs():
+    """`deepjit --help` took ~1.5 s when the CLI imported every stage (onnx, GraphSurgeon, ONNX Runtime, oras)
+    up front; each command now imports what it drives."""
+    heavy = ("numpy", "onnx", "onnx_graphsurgeon", "onnxruntime", "polygraphy", "pydantic", "oras", "jinja2",
+             "deepjit_compiler.build", "deepjit_compiler.store", "deepjit_compiler.runtime")
+    code = f"import sys, deepjit_compiler.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
+
+
 def test_tensorrt_rtx_for_the_h200_is_refused_at_spec_check(write_spec):
     path = write_spec({"  backend: auto": "  backend: tensorrt-rtx"}, text=(PIPELINES / "yolov8_h200.yaml").read_text())
     r = run_cli("build", str(path), "--dry-run")
@@ -62,7 +72,7 @@ def test_json_is_one_document_on_every_exit_code(write_spec, monkeypatch, capsys
         print("a library's log line")  # what Polygraphy and GraphSurgeon do
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(cli, "build_pipeline", broken)
+    monkeypatch.setattr("deepjit_compiler.build.build_pipeline", broken)  # what `build` imports when it runs
     assert cli.main(["build", str(path), "--json"]) == 3
     out, err = capsys.readouterr()
     assert json.loads(out)["error"]["exit_code"] == 3 and "ZeroDivisionError" in out
@@ -181,7 +191,7 @@ def test_internal_error_exits_3_with_traceback(monkeypatch, capsys):
     def broken():
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(cli, "json_schema", broken)
+    monkeypatch.setattr("deepjit_compiler.spec.load.json_schema", broken)
     assert cli.main(["schema"]) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "ZeroDivisionError" in err and "internal error" in err
@@ -286,7 +296,7 @@ def test_error_messages_print_control_characters_as_escapes(monkeypatch, capsys)
     def refused():
         raise BundleError("manifest: step 'a\x1b]0;pwned\x07' is\nrefused")
 
-    monkeypatch.setattr(cli, "json_schema", refused)
+    monkeypatch.setattr("deepjit_compiler.spec.load.json_schema", refused)
     assert cli.main(["schema"]) == 2
     err = capsys.readouterr().err
     assert err == "error: manifest: step 'a\\x1b]0;pwned\\x07' is\nrefused\n"
@@ -344,7 +354,7 @@ def test_a_full_disk_or_quota_is_named_inside_a_command_or_printing_its_result(m
     def full(*_):
         raise OSError(code, os.strerror(code), "/out/b.tar.gz")
 
-    monkeypatch.setattr(cli, "json_schema", full)
+    monkeypatch.setattr("deepjit_compiler.spec.load.json_schema", full)
     assert cli.main(["schema"]) == 2
     assert capsys.readouterr().err == (f"error: /out/b.tar.gz: {os.strerror(code)}; free some space (or quota) and "
                                        "run it again\n")

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..bundle.folder import read_bundle
 from ..bundle.view import BundleView, InputView
+from ..choices import DEVICES
 from ..errors import MissingDependency, RuntimeInputError
 from ..files import atomic_write, read_regular
 from ..images import IMAGE_SUFFIXES, read_image, read_npy, read_npz
@@ -283,9 +284,6 @@ def check_out(out: Path, bundle: BundleView) -> None:
     if not (isinstance(doc, dict) and _RUN_KEYS <= doc.keys()):
         raise RuntimeInputError(f"--out {out}: exists and is not a `deepjit run` output; refusing to replace it "
                                 "(choose another file or remove it)")
-
-
-DEVICES = ("gpu", "cpu")
 
 
 def load_pipeline(bundle, device: str = "gpu", *, prefer: str = "auto", graphs: bool = True,

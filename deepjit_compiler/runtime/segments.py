@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from ..bundle.view import BundleView, EngineView, PlanView
+from ..choices import ENGINE_CHOICES
 from ..engines import EngineArtifact, flavour, runner_for
 from ..engines.tensorrt import plan_refusal
 from ..errors import EngineError, MissingDependency
@@ -18,8 +19,6 @@ from ..spec.targets import compute_capability
 from .layout import Layout, StepInfo
 
 log = logging.getLogger("deepjit.runtime")
-
-ENGINE_CHOICES = ("auto", "plan", "onnxruntime")
 
 
 def engine_files(layout: Layout, step: StepInfo) -> list[str]:

@@ -34,6 +34,7 @@ from .. import __version__
 from .._optional import lazy_import
 from ..bundle.folder import MANIFEST, read_bundle, verify_folder
 from ..bundle.view import BundleView
+from ..choices import KINDS
 from ..config import INT32_MAX
 from ..errors import BundleError, ServeError
 from ..files import cannot_write, output_lock, replace_dir, staging_dir
@@ -49,7 +50,6 @@ _schema = lazy_import("tritonclient.grpc.model_config_pb2",
                       "install deepjit[triton]")
 _text_format = lazy_import("google.protobuf.text_format", "config.pbtxt is protobuf text: install protobuf")
 
-KINDS = ("gpu", "cpu")
 MARKER = "deepjit-export.json"
 MARKER_FORMAT = 1
 _NAME = re.compile(NAME)  # the spec's `name` pattern, so every built bundle fits it
