@@ -69,7 +69,7 @@ class Split:
         self.nms_streams = [make(greatest) for _ in posts] if way.startswith("prio") else self.decode_streams
         self.events = [gpu.event() for _ in range(2 * len(posts) + 1)]
         flags = gpu_mod.driver.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY
-        self.graph = self.capture(int(flags) if way.startswith("prio") else 0)
+        self.graph = gpu.capture(self.body, int(flags) if way.startswith("prio") else 0)
 
     def body(self) -> None:
         drv, cc = gpu_mod.driver, gpu_mod._cc()
@@ -91,17 +91,6 @@ class Split:
             cc.launch(stream, config, nms.function, *nms.args)
             gpu_mod._ck(drv.cuEventRecord(marks[2 * k + 1], handle(stream)), "cuEventRecord")
             gpu_mod._ck(drv.cuStreamWaitEvent(self.gpu.cu_stream, marks[2 * k + 1], 0), "cuStreamWaitEvent")
-
-    def capture(self, flags: int):
-        drv = gpu_mod.driver
-        mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        gpu_mod._ck(drv.cuStreamBeginCapture(self.gpu.cu_stream, mode), "cuStreamBeginCapture")
-        try:
-            self.body()
-        finally:
-            graph = gpu_mod._ck(drv.cuStreamEndCapture(self.gpu.cu_stream), "cuStreamEndCapture")
-        return gpu_mod.Graph(graph, gpu_mod._ck(drv.cuGraphInstantiate(graph, flags), "cuGraphInstantiate"),
-                             self.gpu.cu_stream)
 
     def results(self) -> dict[str, np.ndarray]:
         """One replay's detections, its outputs filled with 0xff first: the ways of one K share their chains, so
@@ -134,16 +123,17 @@ def main(argv: list[str]) -> int:
         sets = [typed_maps(head_maps(rng, batch, args.object_classes), "float16") for _ in range(4)]
         splits = {}
         for k in (c for c in args.chunks if batch % c == 0):
+            parts = [chunk_maps(m, k) for m in sets]  # parts[s][c]: chunk c of set s
             # chunk c of every set: one chain each, so a replay of set s runs its K chains
-            per_chunk = [chains(gpu, [decode, nms], site, [chunk_maps(m, k)[c] for m in sets]) for c in range(k)]
+            per_chunk = [chains(gpu, [decode, nms], site, [p[c] for p in parts]) for c in range(k)]
             for way in (args.ways if k > 1 else ["pdl"]):
                 splits[(k, way)] = [Split(gpu, [pc[s] for pc in per_chunk], way) for s in range(len(sets))]
         pair = [gpu.capture(p.launch) for p in chains(gpu, [decode, nms], site, sets)]  # as the runtime captures it
-        rounds = {key: [] for key in [(1, "runtime"), *splits]}
+        graphs = {(1, "runtime"): pair, **{key: [s.graph for s in ss] for key, ss in splits.items()}}
+        rounds = {key: [] for key in graphs}
         for _ in range(2):
-            for key in rounds:
-                graphs = pair if key == (1, "runtime") else [s.graph for s in splits[key]]
-                step = lambda i, graphs=graphs: graphs[i % len(graphs)].replay()  # noqa: E731
+            for key, gs in graphs.items():
+                step = lambda i, gs=gs: gs[i % len(gs)].replay()  # noqa: E731
                 rounds[key].append(float(np.median(queued_gpu_us(gpu, torch, step, args.iters))))
         base = splits[(1, "pdl")][0].results()
         for (k, way), r in rounds.items():

@@ -288,8 +288,10 @@ class Gpu:
             if graph:
                 driver.cuGraphDestroy(graph)
 
-    def capture(self, body: Callable[[], None]) -> Graph:
-        """Run body() under stream capture and instantiate the graph it launched."""
+    def capture(self, body: Callable[[], None], flags: int = 0) -> Graph:
+        """Run body() under stream capture and instantiate the graph it launched (cuGraphInstantiate's
+        `flags`: CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY keeps the priorities capture copied from
+        the streams)."""
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _ck(driver.cuStreamBeginCapture(self.cu_stream, mode), "cuStreamBeginCapture")
         try:
@@ -301,7 +303,7 @@ class Gpu:
             raise
         graph = _ck(driver.cuStreamEndCapture(self.cu_stream), "cuStreamEndCapture")
         try:
-            exec_ = _ck(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+            exec_ = _ck(driver.cuGraphInstantiate(graph, flags), "cuGraphInstantiate")
         except KernelError:
             driver.cuGraphDestroy(graph)
             raise
