@@ -160,8 +160,16 @@ def yolov8_decode(model: onnx.ModelProto | GraphIndex) -> PresetMatch:
     inputs = tuple(m for lv in levels for m in (lv["box"], lv["cls"]))
     facts = _facts(idx, det, region, levels, roles, reg_max, nc)
     log.info("yolov8_decode: reg_max %d, %d classes, strides %s, %s head, %s anchors", reg_max, nc,
-             facts["strides"], facts["head_layout"], facts["anchors"])
+             facts["strides"], facts["head_layout"], _anchors_said(facts))
     return PresetMatch(inputs, (det,), facts, _decode_check(idx, inputs, facts["strides"], reg_max))
+
+
+def _anchors_said(facts: dict[str, Any]) -> str:
+    """The anchors for a log line: their count, or with a free input size the sum of the levels' map sizes
+    (an export names that dimension by ONNX Runtime's symbolic expression, ~400 characters of floors)."""
+    if isinstance(facts["anchors"], int):
+        return str(facts["anchors"])
+    return " + ".join(f"{lv['height']}*{lv['width']}" for lv in facts["levels"])
 
 
 def _decode_check(idx: GraphIndex, inputs: tuple[str, ...], strides: list, reg_max: int):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import onnx
 import pytest
 from conftest_models import to_opset11
 from onnx import TensorProto, helper, numpy_helper, version_converter
@@ -74,6 +75,18 @@ def test_preset_finds_the_decode(layout, dynamic):
     else:
         assert [(lv["height"], lv["width"]) for lv in f["levels"]] == [(IMGSZ // s, IMGSZ // s) for s in STRIDES]
         assert f["anchors"] == sum((IMGSZ // s) ** 2 for s in STRIDES) and f["input_size"] == [IMGSZ, IMGSZ]
+
+
+def test_preset_logs_the_anchors_shortly(nudenet_320n, caplog):
+    """nudenet's export names its anchor dimension by a ~400-character symbolic expression: the log says the
+    levels' map sizes instead; a fixed input size gives the count."""
+    with caplog.at_level("INFO", logger="deepjit.surgery"):
+        yolov8_decode(onnx.load(nudenet_320n))
+        yolov8_decode(synth())
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("yolov8_decode:")]
+    assert said == ["yolov8_decode: reg_max 16, 18 classes, strides [8, 16, 32], split head, "
+                    "height/8*width/8 + height/16*width/16 + height/32*width/32 anchors",
+                    "yolov8_decode: reg_max 16, 80 classes, strides [8, 16, 32], separate head, 2100 anchors"]
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
