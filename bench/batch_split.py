@@ -75,7 +75,7 @@ class Split:
         drv, cc = gpu_mod.driver, gpu_mod._cc()
         handle = lambda s: drv.CUstream(int(s.handle))  # noqa: E731
         fork, *marks = self.events
-        gpu_mod._ck(drv.cuEventRecord(fork, self.gpu.cu_stream), "cuEventRecord")
+        self.gpu.record(fork)
         last = len(self.posts) - 1
         for k, (post, ds, ns) in enumerate(zip(self.posts, self.decode_streams, self.nms_streams)):
             decode, nms = post.plan
@@ -105,7 +105,8 @@ class Split:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4, 8], help="K: the batch split into K chunks")
+    ap.add_argument("--chunks", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="K: the batch split into K chunks (K = 1, the baseline, runs whether named or not)")
     ap.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS)
     ap.add_argument("--nms", default="block=512,cluster=8,large_batch_cluster=2", metavar="param=int,...",
                     help="the nms's params over block 1024, chunk 512 (default: the H200 spec's, clusters of 2 from 16)")
@@ -122,7 +123,7 @@ def main(argv: list[str]) -> int:
         rng = np.random.default_rng(batch)
         sets = [typed_maps(head_maps(rng, batch, args.object_classes), "float16") for _ in range(4)]
         splits = {}
-        for k in (c for c in args.chunks if batch % c == 0):
+        for k in (c for c in dict.fromkeys([1, *args.chunks]) if batch % c == 0):  # the baseline first, always
             parts = [chunk_maps(m, k) for m in sets]  # parts[s][c]: chunk c of set s
             # chunk c of every set: one chain each, so a replay of set s runs its K chains
             per_chunk = [chains(gpu, [decode, nms], site, [p[c] for p in parts]) for c in range(k)]
